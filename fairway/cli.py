@@ -1,0 +1,67 @@
+"""The `fairway` command. Each subcommand is a thin shell over a library function.
+
+Subcommands live next to the code they drive (`fairway/<area>/commands.py`, each with a
+`register(subparsers)` function); their handlers import heavy modules (vLLM, matplotlib) lazily so
+that `fairway --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from fairway import __version__
+from fairway.errors import FairwayError
+
+#: Modules that contribute subcommands, in `--help` order. A module listed here that does not
+#: exist yet is skipped, so areas can land independently.
+COMMAND_MODULES = (
+    "fairway.replay.commands",   # bench, replay
+    "fairway.profile_commands",  # profile
+    "fairway.vllm.commands",     # serve, tiny-model
+    "fairway.traces.commands",   # trace, data
+    "fairway.policies.commands",  # inspect
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (every registered subcommand)."""
+    parser = argparse.ArgumentParser(
+        prog="fairway",
+        description="Load-aware, prefix-cache-aware ordering of vLLM's waiting queue.",
+    )
+    parser.add_argument("--version", action="version", version=f"fairway {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fairway` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except FairwayError as exc:
+        print(f"fairway: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fairway: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

