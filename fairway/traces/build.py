@@ -1,0 +1,270 @@
+"""The registry of trace families and named presets: (family, seed, shape, params) -> Trace.
+
+A trace is a pure function of its arguments (and the data files, whose sha256 the header
+records): the same arguments give the same bytes, and `rebuild(header)` reproduces a file from
+its first line. Presets are the benchmark's default traces; each one is a family with fixed
+seed, shape and parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fairway.errors import TraceError
+from fairway.traces.flood import FloodParams, build_flood
+from fairway.traces.format import Trace, TraceHeader, TraceRequest
+from fairway.traces.mooncake import MooncakeParams, build_mooncake
+from fairway.traces.musique import MusiqueParams, build_musique
+from fairway.traces.sec import SecLongParams, SecParams, build_sec
+from fairway.traces.shapes import LoadShape, get_shape
+
+logger = logging.getLogger(__name__)
+
+BuildResult = tuple[list[TraceRequest], dict[str, Any], float | None]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One trace family.
+
+    Attributes:
+        name: registry name (kebab-case, as in the CLI).
+        params_cls: frozen dataclass of the family's parameters (field docstrings = help).
+        default_shape: shape used when none is given; None for families with real arrivals.
+        description: one line for `fairway trace list`.
+        build: (family, seed, shape, capacity_tps, params) -> (requests, info, duration_s).
+    """
+
+    name: str
+    params_cls: type
+    default_shape: str | None
+    description: str
+    build: Callable[[str, int, LoadShape | None, float, Any], BuildResult]
+
+
+def _shaped(builder: Callable[..., tuple[list[TraceRequest], dict[str, Any]]]) -> Callable[
+        ..., BuildResult]:
+    def run(family: str, seed: int, shape: LoadShape | None, capacity: float, params: Any
+            ) -> BuildResult:
+        assert shape is not None
+        reqs, info = builder(family, seed, shape, capacity, params)
+        return reqs, info, shape.duration_s
+    return run
+
+
+def _mooncake(family: str, seed: int, shape: LoadShape | None, capacity: float,
+              params: Any) -> BuildResult:
+    return build_mooncake(family, seed, capacity, params)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (
+        Family("sec", SecParams, "spike", "SEC filings QA, ~4-5k-token prompts",
+               _shaped(build_sec)),
+        Family("sec-long", SecLongParams, "spike", "SEC filings QA, 1-20 pages (~1k-16k tokens)",
+               _shaped(build_sec)),
+        Family("musique", MusiqueParams, "spike", "MuSiQue multi-hop agent sessions",
+               _shaped(build_musique)),
+        Family("mooncake", MooncakeParams, None, "Mooncake trace, real arrivals time-scaled",
+               _mooncake),
+        Family("flood", FloodParams, "flood", "backlog of misses, then a flood of cached requests",
+               _shaped(build_flood)),
+    )
+}
+
+#: The benchmark's default traces. Each builds in a few seconds, spans about 5-6 simulated
+#: minutes and has at most ~2,500 requests at the default capacity.
+PRESETS: dict[str, dict[str, Any]] = {
+    "sec-a": {
+        "family": "sec", "seed": 1, "shape": "spike",
+        "params": {"zipf_s": 1.1, "drift_per_min": 1.0},
+        "description": "SEC QA, skewed popularity, slow drift; calm-burst-spike-calm",
+    },
+    "sec-b": {
+        "family": "sec", "seed": 2, "shape": "spike",
+        "params": {"zipf_s": 0.8, "drift_per_min": 4.0},
+        "description": "SEC QA, flatter popularity, faster drift; calm-burst-spike-calm",
+    },
+    "sec-long": {
+        "family": "sec-long", "seed": 3, "shape": "spike", "params": {},
+        "description": "SEC QA with mixed 1k-16k-token prompts; calm-burst-spike-calm",
+    },
+    "musique": {
+        "family": "musique", "seed": 4, "shape": "spike", "params": {},
+        "description": "MuSiQue agent sessions (2-4 hops, 2 s think time); calm-burst-spike-calm",
+    },
+    "mooncake": {
+        "family": "mooncake", "seed": 5, "shape": None,
+        "params": {"window_start_s": 600.0, "window_s": 600.0, "sample_fraction": 0.12,
+                   "load": 1.2, "max_prompt_tokens": 32000, "jitter_ms": 3000.0},
+        "description": "Mooncake conversation trace: 12% of the conversations of minutes 10-20, "
+        "mean load 1.2, prompts capped at 32,000 tokens",
+    },
+    "flood": {
+        "family": "flood", "seed": 6, "shape": "flood", "params": {},
+        "description": "60 s backlog of 8k-token misses, 90 s flood of cached requests, calm",
+    },
+}
+
+
+def get_family(name: str) -> Family:
+    """The family called `name`; an unknown name lists the known ones."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise TraceError(
+            f"unknown trace family {name!r}; families: {', '.join(sorted(FAMILIES))}; "
+            f"presets: {', '.join(sorted(PRESETS))}"
+        ) from None
+
+
+def _coerce(name: str, annotation: str, value: Any) -> Any:
+    """`value` (a Python value, or a string from the CLI) as the field's declared type."""
+    parts = [p.strip() for p in str(annotation).split("|")]
+    optional = "None" in parts
+    base = next((p for p in parts if p != "None"), "str")
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise TraceError(f"parameter {name} cannot be null")
+    try:
+        if base == "bool":
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                return value.lower() in ("true", "1")
+            return bool(value)
+        if base == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if base == "float":
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise TraceError(f"parameter {name} must be {annotation}, got {value!r}") from None
+
+
+def make_params(family: str, params: Mapping[str, Any]) -> Any:
+    """The family's parameter object; unknown names and bad values are `TraceError`s."""
+    fam = get_family(family)
+    fields = {f.name: f for f in dataclasses.fields(fam.params_cls)}
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise TraceError(
+            f"unknown parameter(s) {', '.join(unknown)} for family {family}; known: "
+            f"{', '.join(sorted(fields))}"
+        )
+    values = {k: _coerce(k, fields[k].type, v) for k, v in params.items()}
+    return fam.params_cls(**values)
+
+
+def parse_param_strings(items: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` from the command line as a dict (values stay strings)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TraceError(f"--param must be KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def default_capacity_tps() -> float:
+    """The shipped profile's capacity (tokens/s at 2048-token chunks)."""
+    from fairway.profile import default_profile
+
+    return default_profile().capacity_tps()
+
+
+def build_trace(
+    family: str,
+    seed: int,
+    shape: str | None = None,
+    capacity_tps: float | None = None,
+    *,
+    preset: str | None = None,
+    **params: Any,
+) -> Trace:
+    """Build a trace.
+
+    Args:
+        family: one of `FAMILIES` (sec, sec-long, musique, mooncake, flood).
+        seed: non-negative integer; every random choice derives from it.
+        shape: a named or inline load shape (`fairway.traces.shapes.get_shape`); None: the
+            family's default. Mooncake keeps its real arrivals and takes none.
+        capacity_tps: the capacity (tokens/s) loads are relative to; None: the shipped
+            profile's (`default_capacity_tps`).
+        preset: name recorded in the header (informational).
+        **params: family parameters (see each family's params class); strings are converted.
+
+    Returns:
+        The trace; writing it gives the same bytes for the same arguments.
+    """
+    fam = get_family(family)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TraceError(f"seed must be a non-negative integer, got {seed!r}")
+    if fam.default_shape is None and shape is not None:
+        raise TraceError(
+            f"family {family} keeps its recorded arrivals and takes no shape (got {shape!r}); "
+            "set its load with --param load=X and a slice with window_start_s / window_s"
+        )
+    shape = shape if shape is not None else fam.default_shape
+    load_shape = get_shape(shape) if shape is not None else None
+    capacity = float(capacity_tps) if capacity_tps is not None else default_capacity_tps()
+    if not capacity > 0:
+        raise TraceError(f"capacity_tps must be > 0, got {capacity_tps}")
+    param_obj = make_params(family, params)
+    started = time.perf_counter()
+    reqs, info, duration = fam.build(family, seed, load_shape, capacity, param_obj)
+    header = TraceHeader(
+        family=family,
+        seed=seed,
+        shape=shape,
+        params=dataclasses.asdict(param_obj),
+        num_requests=len(reqs),
+        capacity_tps=capacity,
+        preset=preset,
+        duration_s=None if duration is None else round(duration, 6),
+        phases=load_shape.windows() if load_shape is not None else (),
+        info=info,
+    )
+    trace = Trace(header, tuple(reqs))
+    logger.info(
+        "built %s trace (seed %d): %d requests in %.2f s", family, seed, len(reqs),
+        time.perf_counter() - started,
+    )
+    return trace
+
+
+def preset_arguments(name: str) -> dict[str, Any]:
+    """A copy of a preset's family, seed, shape and params."""
+    try:
+        spec = PRESETS[name]
+    except KeyError:
+        known = ", ".join(sorted(PRESETS))
+        raise TraceError(f"unknown preset {name!r}; presets: {known}") from None
+    return {"family": spec["family"], "seed": spec["seed"], "shape": spec["shape"],
+            "params": dict(spec["params"])}
+
+
+def build_preset(name: str, capacity_tps: float | None = None, **overrides: Any) -> Trace:
+    """Build a preset; `overrides` replace its parameters (seed and shape too, by name)."""
+    args = preset_arguments(name)
+    seed = overrides.pop("seed", args["seed"])
+    shape = overrides.pop("shape", args["shape"])
+    params = {**args["params"], **overrides}
+    return build_trace(args["family"], seed, shape, capacity_tps, preset=name, **params)
+
+
+def rebuild(header: TraceHeader) -> Trace:
+    """Build again the trace a header describes (same bytes if the data files are the same)."""
+    return build_trace(
+        header.family, header.seed, header.shape, header.capacity_tps, preset=header.preset,
+        **dict(header.params),
+    )

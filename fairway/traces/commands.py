@@ -1,0 +1,144 @@
+"""`fairway trace build|stats|list` and `fairway data download|path`: shells over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``trace`` and ``data`` subcommands to the `fairway` parser."""
+    trace = subparsers.add_parser("trace", help="build and inspect workload traces")
+    tsub = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+
+    build = tsub.add_parser(
+        "build", help="build a trace from a preset or a family",
+        description="Build a trace file. FAMILY_OR_PRESET is a preset (see `fairway trace "
+        "list`), whose seed, shape and parameters the options override, or a family (seed 0 "
+        "unless given). A name that is both (sec-long, musique, mooncake, flood) is the preset.",
+    )
+    build.add_argument("name", metavar="FAMILY_OR_PRESET")
+    build.add_argument("--seed", type=int, default=None,
+                       help="random seed (default: the preset's, or 0)")
+    build.add_argument("--shape", default=None,
+                       help="load shape: a name (spike, steady, calm, overload, flood) or inline "
+                       "NAME:LOAD:DURATION_S[,...]; default: the preset's or family's")
+    build.add_argument("--capacity-tps", type=float, default=None,
+                       help="capacity in prefill tokens/s that loads are relative to "
+                       "(default: the shipped profile's)")
+    build.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="family parameter (repeatable); see `fairway trace list`")
+    build.add_argument("-o", "--output", required=True, help="output file (.jsonl or .jsonl.gz)")
+    build.set_defaults(handler=_build)
+
+    stats = tsub.add_parser("stats", help="summarize a trace file")
+    stats.add_argument("file")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.add_argument("--window-s", type=float, default=10.0,
+                       help="arrival window of requests queued together, for the work spread")
+    stats.set_defaults(handler=_stats)
+
+    lst = tsub.add_parser("list", help="families with their parameters, presets and shapes")
+    lst.set_defaults(handler=_list)
+
+    data = subparsers.add_parser("data", help="locate or download the workload data")
+    dsub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    dl = dsub.add_parser("download", help="fetch the public data files (sha256-checked)")
+    dl.add_argument("--dest", default=None,
+                    help="target directory (default: $FAIRWAY_DATA or the user cache directory)")
+    dl.add_argument("--force", action="store_true", help="download even if present and valid")
+    dl.set_defaults(handler=_download)
+    path = dsub.add_parser("path", help="print the data directory in use")
+    path.set_defaults(handler=_path)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from fairway.traces.build import (
+        FAMILIES,
+        PRESETS,
+        build_preset,
+        build_trace,
+        get_family,
+        parse_param_strings,
+    )
+    from fairway.traces.format import write_trace
+
+    params: dict[str, Any] = parse_param_strings(args.param)
+    started = time.perf_counter()
+    if args.name in PRESETS:
+        if args.seed is not None:
+            params["seed"] = args.seed
+        if args.shape is not None:
+            params["shape"] = args.shape
+        trace = build_preset(args.name, args.capacity_tps, **params)
+    else:
+        if args.name not in FAMILIES:
+            get_family(args.name)  # raises with the known names
+        seed = 0 if args.seed is None else args.seed
+        trace = build_trace(args.name, seed, args.shape, args.capacity_tps, **params)
+    path = write_trace(trace, args.output)
+    print(
+        f"wrote {len(trace)} requests ({trace.header.duration_s or 0:.0f} s simulated) to {path} "
+        f"in {time.perf_counter() - started:.2f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from fairway.traces.format import load_trace
+    from fairway.traces.stats import format_stats, trace_stats
+
+    stats = trace_stats(load_trace(args.file), window_s=args.window_s)
+    if args.json:
+        print(json.dumps(stats.to_json(), indent=2))
+    else:
+        print(format_stats(stats))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from fairway.traces.build import FAMILIES, PRESETS
+    from fairway.traces.shapes import SHAPES
+
+    print("presets:")
+    for name, spec in PRESETS.items():
+        print(f"  {name:<10} {spec['description']}")
+    print("\nshapes:")
+    for name, shape in SHAPES.items():
+        phases = ", ".join(f"{p.name} {p.load:g}x {p.duration_s:g}s" for p in shape.phases)
+        print(f"  {name:<10} {phases}")
+    print("\nfamilies (--param KEY=VALUE):")
+    for name, fam in FAMILIES.items():
+        print(f"  {name:<10} {fam.description} (default shape: {fam.default_shape})")
+        for f in dataclasses.fields(fam.params_cls):
+            print(f"      {f.name} = {f.default!r}")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from fairway.traces.data import download
+
+    results = download(args.dest, progress=print)
+    skipped = [r for r in results if r.status == "skipped"]
+    if skipped:
+        print(
+            "note: " + ", ".join(r.name for r in skipped) + " cannot be downloaded (derived "
+            "data); the SEC traces need it, the other families do not",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _path(args: argparse.Namespace) -> int:
+    from fairway.traces.data import resolve_data_dir
+
+    path, how = resolve_data_dir()
+    print(path)
+    print(f"(from {how})", file=sys.stderr)
+    return 0

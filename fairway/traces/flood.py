@@ -1,0 +1,101 @@
+"""Flood: a backlog of cache misses builds up, then a large stream of highly cached requests.
+
+Two kinds of request:
+
+* **miss**: one long unique prompt (`miss_tokens`), nothing to reuse;
+* **hit**: a long shared prefix (`prefix_tokens`, one of `num_prefixes`) and a short unique
+  suffix (`suffix_tokens`); with the prefix cached only the suffix is work.
+
+The phase decides the mix: ``backlog`` sends only misses, ``flood`` only hits, any other phase
+(``calm`` in the default `flood` shape) misses with probability `calm_miss_fraction`. A
+cache-greedy order serves the flood first and starves the backlog; FCFS serves the backlog and
+makes the cheap flood wait. Loads default to the ``ideal`` work basis, since the flood is meant
+to be cheap: its phase rate is load x capacity / (expected uncached tokens of the phase's mix).
+
+Block ids of unique content carry the seed (``fl-<seed>-...``), so two flood traces never share
+by accident on one server.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fairway.errors import TraceError
+from fairway.traces.format import TraceRequest, make_request
+from fairway.traces.shapes import LoadShape, check_work_basis, phase_rates, poisson_arrivals
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FloodParams:
+    """Parameters of the ``flood`` family."""
+
+    prefix_tokens: int = 6144
+    """Shared prefix of a hit request."""
+    suffix_tokens: int = 256
+    """Unique suffix of a hit request."""
+    miss_tokens: int = 8192
+    """Length of a (unique) miss request."""
+    num_prefixes: int = 1
+    """Distinct shared prefixes; a hit request picks one uniformly."""
+    calm_miss_fraction: float = 0.2
+    """Share of misses in phases other than backlog and flood."""
+    work_basis: str = "ideal"
+    """How the request rate counts work: ideal or prompt (see fairway.traces.shapes)."""
+    max_requests: int = 20000
+    """Refuse to build more requests than this."""
+
+    def __post_init__(self) -> None:
+        check_work_basis(self.work_basis)
+        if min(self.prefix_tokens, self.suffix_tokens, self.miss_tokens, self.num_prefixes) < 1:
+            raise TraceError("prefix_tokens, suffix_tokens, miss_tokens, num_prefixes must be >= 1")
+        if not 0 <= self.calm_miss_fraction <= 1:
+            raise TraceError(f"calm_miss_fraction must be in [0, 1], got {self.calm_miss_fraction}")
+
+    def miss_fraction(self, phase: str) -> float:
+        """Probability that a request of `phase` is a miss."""
+        return {"backlog": 1.0, "flood": 0.0}.get(phase, self.calm_miss_fraction)
+
+    def expected_work(self, phase: str) -> float:
+        """Expected work of one request of `phase` (the first hit's prefix miss is ignored)."""
+        f = self.miss_fraction(phase)
+        hit = self.suffix_tokens + (self.prefix_tokens if self.work_basis == "prompt" else 0)
+        return f * self.miss_tokens + (1.0 - f) * hit
+
+
+def build_flood(
+    family: str, seed: int, shape: LoadShape, capacity_tps: float, params: FloodParams
+) -> tuple[list[TraceRequest], dict[str, Any]]:
+    """Requests of a flood trace and the facts for the header's ``info``."""
+    work = {p.name: params.expected_work(p.name) for p in shape.phases}
+    rates = phase_rates(shape, capacity_tps, work)
+    times = poisson_arrivals(shape, rates, np.random.default_rng([seed, 1]))
+    if len(times) > params.max_requests:
+        raise TraceError(
+            f"{family}: the shape needs {len(times)} requests, more than max_requests="
+            f"{params.max_requests}; lower the load or raise max_requests"
+        )
+    draws = np.random.default_rng([seed, 2]).random((len(times), 2))
+    reqs = []
+    for i, t in enumerate(times):
+        t = round(float(t), 6)
+        phase = shape.phase_at(t)
+        if draws[i, 0] < params.miss_fraction(phase):
+            blocks = [(f"fl-{seed}-miss-{i}", params.miss_tokens)]
+            tags: dict[str, Any] = {"kind": "miss"}
+        else:
+            j = min(int(draws[i, 1] * params.num_prefixes), params.num_prefixes - 1)
+            blocks = [(f"fl-prefix-{j}-{params.prefix_tokens}", params.prefix_tokens),
+                      (f"fl-{seed}-suffix-{i}", params.suffix_tokens)]
+            tags = {"kind": "hit", "prefix": j}
+        reqs.append(make_request(f"{family}-{i:05d}", t, blocks, phase=phase, tags=tags))
+    info = {
+        "work_basis": params.work_basis,
+        "work_per_request_tokens": {k: round(v, 3) for k, v in sorted(work.items())},
+    }
+    return reqs, info
