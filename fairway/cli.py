@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fairway: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `fairway trace stats F | head`: the reader went away
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

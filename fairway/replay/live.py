@@ -1,0 +1,390 @@
+"""Open-loop live replay of a trace against any OpenAI-compatible server (`fairway replay --url`).
+
+Each request is sent at its trace timestamp whether or not earlier ones have answered (open loop:
+a closed loop would slow down exactly when the server is overloaded and hide the queueing we want to
+measure). TTFT = first streamed SSE chunk - send time. Failures become rows with `error` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from tqdm import tqdm
+
+from fairway.errors import FairwayConfigError, FairwayError
+from fairway.replay import results
+from fairway.replay.results import ReplayResult, RequestResult
+
+if TYPE_CHECKING:
+    from fairway.traces.format import Trace, TraceRequest
+
+logger = logging.getLogger(__name__)
+
+#: Generous by default: during a spike above capacity a request can queue for minutes.
+DEFAULT_TIMEOUT_S = 600.0
+#: Token ids are drawn below this; it must not exceed the served model's vocabulary.
+DEFAULT_VOCAB_SIZE = 32000
+#: Listing the models is a start-up check; it should answer at once.
+_MODELS_TIMEOUT_S = 30.0
+#: Error bodies are cut to this many characters in the `error` field.
+_MAX_ERROR_CHARS = 200
+INTERRUPTED = "interrupted"
+
+
+class LiveReplayError(FairwayError):
+    """The server cannot be used for a replay (unreachable, no models); the message has the URL."""
+
+
+class _StreamError(Exception):
+    """The server answered 200 but the SSE stream is not one we can measure."""
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """Mutable progress of one request; turned into a `RequestResult` at the end (or on Ctrl-C)."""
+
+    request: TraceRequest
+    scheduled_s: float
+    sent_s: float | None = None
+    first_token_s: float | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+    done: bool = False
+
+    def result(self) -> RequestResult:
+        """The record; a request never sent keeps its scheduled time as arrival."""
+        req = self.request
+        return RequestResult(
+            request_id=req.request_id,
+            arrival_s=self.sent_s if self.sent_s is not None else self.scheduled_s,
+            phase=req.phase,
+            prompt_tokens=req.prompt_tokens,
+            first_scheduled_s=None,  # not observable over HTTP
+            first_token_s=self.first_token_s,
+            cached_tokens=self.cached_tokens,
+            error=self.error if self.done else (self.error or INTERRUPTED),
+            tags=dict(req.tags or {}),
+        )
+
+
+def base_url(url: str) -> str:
+    """`http://host:port` from a URL given with or without a trailing `/` or `/v1`."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+async def fetch_model(session: aiohttp.ClientSession, url: str) -> str:
+    """The first model id served at `url` (GET /v1/models).
+
+    Raises:
+        LiveReplayError: the server is unreachable, answers non-200, or lists no model.
+    """
+    endpoint = f"{base_url(url)}/v1/models"
+    hint = "start the server or check --url; or pass the model name explicitly"
+    try:
+        async with asyncio.timeout(_MODELS_TIMEOUT_S), session.get(endpoint) as resp:
+            if resp.status != 200:
+                body = _short(await resp.text())
+                raise LiveReplayError(f"GET {endpoint} answered HTTP {resp.status}: {body}; {hint}")
+            data = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        reason = _describe(exc)
+        raise LiveReplayError(f"cannot list models at {endpoint}: {reason}; {hint}") from exc
+    models = data.get("data") if isinstance(data, dict) else None
+    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        listing = _short(json.dumps(data))
+        raise LiveReplayError(f"GET {endpoint} listed no model ({listing}); {hint}")
+    return str(models[0]["id"])
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    return _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
+def _payload(request: TraceRequest, model: str, vocab_size: int) -> bytes:
+    """The request body; built before the send time so encoding does not delay the send."""
+    body = {
+        "model": model,
+        "prompt": request.token_ids(vocab_size),
+        "max_tokens": request.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        # The last chunk then carries usage, where vLLM reports the prefix-cache hit.
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _cached_tokens(chunk: dict[str, Any]) -> int | None:
+    usage = chunk.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) else None
+
+
+async def _read_stream(
+    resp: aiohttp.ClientResponse, attempt: _Attempt, clock: Callable[[], float]
+) -> None:
+    """Consume the SSE stream: stamp the first `data:` chunk, keep the cache hit, expect [DONE].
+
+    Raises:
+        _StreamError: a chunk is not JSON, carries an error, or the stream ends without [DONE].
+    """
+    try:
+        async for raw in resp.content:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue  # blank separators, comments, event:/id:/retry: fields
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                return
+            now = clock()  # before parsing: parse time is not the server's latency
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError:
+                raise _StreamError(f"malformed stream: chunk is not JSON: {_short(data)}") from None
+            if not isinstance(chunk, dict):
+                raise _StreamError(f"malformed stream: chunk is not an object: {_short(data)}")
+            if "error" in chunk:
+                raise _StreamError(f"error in stream: {_short(json.dumps(chunk['error']))}")
+            if attempt.first_token_s is None:
+                attempt.first_token_s = now
+            cached = _cached_tokens(chunk)  # 0 is a real answer (no hit), so test for None
+            if cached is not None:
+                attempt.cached_tokens = cached
+    except ValueError as exc:  # aiohttp: a line beyond its buffer limit
+        raise _StreamError(f"malformed stream: {exc}") from exc
+    what = "no data chunk" if attempt.first_token_s is None else "no [DONE]"
+    raise _StreamError(f"malformed stream: ended with {what} (content-type {resp.content_type})")
+
+
+async def _send(
+    session: aiohttp.ClientSession,
+    endpoint: str,
+    attempt: _Attempt,
+    body: bytes,
+    clock: Callable[[], float],
+    timeout_s: float,
+) -> None:
+    """POST one request and record its outcome in `attempt`; never raises except on cancel."""
+    attempt.sent_s = clock()
+    try:
+        async with asyncio.timeout(timeout_s), session.post(
+            endpoint, data=body, headers={"Content-Type": "application/json"}
+        ) as resp:
+            if resp.status != 200:
+                attempt.error = f"HTTP {resp.status}: {_short(await resp.text(errors='replace'))}"
+            else:
+                await _read_stream(resp, attempt, clock)
+    except TimeoutError:
+        attempt.error = f"timeout after {timeout_s:g} s"
+    except _StreamError as exc:
+        attempt.error = str(exc)
+    except aiohttp.ClientError as exc:
+        attempt.error = f"connection error: {_describe(exc)}"
+    except Exception as exc:  # one odd response must not abort the other requests
+        logger.debug("request %s failed", attempt.request.request_id, exc_info=True)
+        attempt.error = f"client error: {_describe(exc)}"
+    attempt.done = True
+
+
+class _Replay:
+    """One live replay run: the clock, the dispatch loop and the in-flight tasks.
+
+    A class rather than closures so an interruption can read what every request got so far.
+    """
+
+    def __init__(
+        self, attempts: list[_Attempt], *, timeout_s: float, max_concurrency: int | None,
+        progress: bool, desc: str,
+    ) -> None:
+        self.attempts = attempts
+        self.timeout_s = timeout_s
+        self.limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.bar = tqdm(total=len(attempts), unit="req", desc=desc, disable=not progress)
+        self.t0 = 0.0
+        self.max_lag_s = 0.0
+
+    def clock(self) -> float:
+        """Seconds since the replay started (monotonic)."""
+        return time.monotonic() - self.t0
+
+    async def run(self, session: aiohttp.ClientSession, endpoint: str, model: str,
+                  vocab_size: int) -> None:
+        """Send every request at its scheduled time, then wait for all answers."""
+        self.t0 = time.monotonic()
+        for attempt in sorted(self.attempts, key=lambda a: a.scheduled_s):
+            body = _payload(attempt.request, model, vocab_size)
+            delay = attempt.scheduled_s - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.tasks.append(asyncio.create_task(self._one(session, endpoint, attempt, body)))
+        await asyncio.gather(*self.tasks)
+
+    async def _one(self, session: aiohttp.ClientSession, endpoint: str, attempt: _Attempt,
+                   body: bytes) -> None:
+        try:
+            if self.limit is None:
+                await _send(session, endpoint, attempt, body, self.clock, self.timeout_s)
+            else:
+                async with self.limit:
+                    await _send(session, endpoint, attempt, body, self.clock, self.timeout_s)
+        finally:
+            if attempt.sent_s is not None:
+                self.max_lag_s = max(self.max_lag_s, attempt.sent_s - attempt.scheduled_s)
+            if attempt.done:
+                self.bar.update()
+
+    async def cancel(self) -> None:
+        """Stop in-flight requests; they stay unfinished and are reported as interrupted."""
+        for task in self.tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def default_trace_name(trace: Trace) -> str:
+    """`<preset or family>-seed<seed>`: the header fields that identify a built trace."""
+    header = trace.header
+    return f"{header.preset or header.family}-seed{header.seed}"
+
+
+def _check_args(trace: Trace, time_scale: float, timeout_s: float, vocab_size: int,
+                max_concurrency: int | None) -> None:
+    """Refuse bad arguments before anything is sent (a TraceError for a too small vocab_size)."""
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise FairwayConfigError(f"time_scale must be a finite number > 0, got {time_scale!r}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise FairwayConfigError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise FairwayConfigError(f"max_concurrency must be >= 1 or None, got {max_concurrency!r}")
+    if trace.requests:
+        trace.requests[0].token_ids(vocab_size)  # fails here, not in the middle of the replay
+
+
+async def replay_live(
+    trace: Trace,
+    url: str,
+    model: str | None = None,
+    *,
+    policy: str = "live",
+    trace_name: str | None = None,
+    time_scale: float = 1.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    max_concurrency: int | None = None,
+    progress: bool = True,
+    out_path: str | Path | None = None,
+) -> ReplayResult:
+    """Replay `trace` open-loop against the server at `url` and measure TTFT per request.
+
+    Requests go to `POST /v1/completions` with token-id prompts, streaming, temperature 0, at
+    `arrival_s * time_scale` seconds after the start. Times in the result are seconds since the
+    start; `arrival_s` is the actual send time.
+
+    Cancellation (Ctrl-C under `asyncio.run`) does not raise: the result so far is returned (and
+    written to `out_path`), with unfinished requests marked `error="interrupted"` and
+    `settings["interrupted"] = True`.
+
+    Args:
+        trace: the workload (`fairway.traces.format.Trace`).
+        url: server base URL, e.g. `http://127.0.0.1:8000` (a trailing `/v1` is accepted).
+        model: served model name; None asks `GET /v1/models` and takes the first.
+        policy: label for the report (the server's policy is not visible over HTTP).
+        trace_name: label for the report; None derives one from the header (`default_trace_name`).
+        time_scale: multiplies every arrival time (0.5 = twice the rate).
+        timeout_s: per request, from send to the end of the stream.
+        vocab_size: token ids are drawn below it; must not exceed the model's vocabulary.
+        max_concurrency: at most this many requests in flight (later sends wait, so this is no
+            longer open loop; the lag shows in `settings["max_send_lag_s"]`); None = unlimited.
+        progress: show a tqdm bar.
+        out_path: also save the result there (also when interrupted).
+
+    Raises:
+        LiveReplayError: `model` is None and the models cannot be listed.
+        FairwayConfigError: an argument is out of range.
+        TraceError: `vocab_size` is too small for the trace's token ids.
+    """
+    _check_args(trace, time_scale, timeout_s, vocab_size, max_concurrency)
+    trace_name = trace_name or default_trace_name(trace)
+    attempts = [_Attempt(r, r.arrival_s * time_scale) for r in trace.requests]
+    replay = _Replay(attempts, timeout_s=timeout_s, max_concurrency=max_concurrency,
+                     progress=progress, desc=f"{trace_name} @ {policy}")
+    start = time.monotonic()
+    interrupted = False
+    # limit=0: no pool cap, or queued sends would silently add pool wait to TTFT.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=None)  # per request via asyncio.timeout instead
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            model = model or await fetch_model(session, url)
+            try:
+                await replay.run(session, f"{base_url(url)}/v1/completions", model, vocab_size)
+            except asyncio.CancelledError:
+                interrupted = True
+                _uncancel()
+                await replay.cancel()
+    finally:
+        replay.bar.close()
+    result = ReplayResult(
+        policy=policy,
+        trace_name=trace_name,
+        settings={
+            "mode": "live", "url": base_url(url), "model": model, "time_scale": time_scale,
+            "timeout_s": timeout_s, "vocab_size": vocab_size, "max_concurrency": max_concurrency,
+            "interrupted": interrupted, "max_send_lag_s": replay.max_lag_s,
+        },
+        requests=[a.result() for a in attempts],
+        wall_s=time.monotonic() - start,
+        simulated_s=None,
+    )
+    _log_outcome(result, interrupted)
+    if out_path is not None:
+        results.save(result, out_path)
+    return result
+
+
+def _uncancel() -> None:
+    """We handle this cancellation by returning partial results, so withdraw the request for it."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def _log_outcome(result: ReplayResult, interrupted: bool) -> None:
+    n_errors = sum(1 for r in result.requests if r.error is not None)
+    if interrupted:
+        n_cut = sum(1 for r in result.requests if r.error == INTERRUPTED)
+        logger.warning("live replay interrupted: %d of %d requests unfinished",
+                       n_cut, len(result.requests))
+    elif n_errors:
+        logger.warning("live replay: %d of %d requests failed", n_errors, len(result.requests))
+    lag = result.settings["max_send_lag_s"]
+    if lag > 0.05:
+        logger.warning("live replay: sends lagged their schedule by up to %.3f s", lag)
+
+
+def run_live(trace: Trace, url: str, model: str | None = None, **kwargs: Any) -> ReplayResult:
+    """Blocking wrapper of `replay_live` for the CLI; Ctrl-C returns the partial result."""
+    return asyncio.run(replay_live(trace, url, model, **kwargs))
+
+
+__all__: Sequence[str] = [
+    "DEFAULT_TIMEOUT_S", "DEFAULT_VOCAB_SIZE", "INTERRUPTED", "LiveReplayError", "base_url",
+    "default_trace_name", "fetch_model", "replay_live", "run_live",
+]
