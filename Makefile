@@ -17,6 +17,16 @@ test: setup
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+e2e: setup
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+# vLLM's own scheduler tests (from the pinned sdist) with Fairway's class substituted; not in CI.
+compat: setup
+	$(PY) benchmarks/compat/run_compat.py $(COMPAT_ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check fairway tests benchmarks
 

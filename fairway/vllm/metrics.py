@@ -1,0 +1,197 @@
+"""Prometheus metrics of the ordering, and how they reach vLLM's `/metrics`.
+
+Transport. The scheduler runs in vLLM's EngineCore process; `/metrics` is served by the API-server
+process. Fairway uses Prometheus' multiprocess mode, the mechanism vLLM itself uses with
+`--api-server-count > 1`: when `PROMETHEUS_MULTIPROC_DIR` names an empty directory in the
+environment `vllm serve` starts with, every process (API server and EngineCore, which inherits the
+variable) writes its metric values to mmap files there, and vLLM's `/metrics` handler
+(`get_prometheus_registry()`) collects all files of that directory. Nothing else is needed: no
+extra flag, no plugin. Without the variable the series still exist inside the EngineCore process
+(visible to an in-process `prometheus_client.generate_latest()`), but not on the API server's
+`/metrics`. `prepare_server_env()` sets the variable up; `fairway serve` calls it.
+
+Hot path: the scheduler updates a plain `FairwayStats` dataclass (integer adds); `FairwayMetrics`
+drains it into the Prometheus objects once per step, only when vLLM's `log_stats` is on.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+#: The environment variable that switches prometheus_client to multiprocess mode.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LABELS = ("model_name", "engine", "policy")
+#: Lanes of `fairway:requests_placed_total`: Fairway's two lanes, or "single" for one-lane policies.
+LANES = ("fast", "fair", "single")
+_PREPASS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
+
+
+def prepare_server_env(
+    env: Mapping[str, str] | None = None, *, multiproc_dir: str | None = None
+) -> dict[str, str]:
+    """Return a copy of `env` (default: os.environ) in which `fairway:` metrics reach `/metrics`.
+
+    Sets `PROMETHEUS_MULTIPROC_DIR` to a fresh empty directory unless it is already set (then the
+    caller owns it and must empty it between runs, as vLLM's warning says). Must be in the
+    environment `vllm serve` is started with: prometheus_client fixes its mode at import time.
+
+    Args:
+        env: the environment to extend (not modified).
+        multiproc_dir: directory to use instead of a new temporary one (created if missing).
+
+    Returns:
+        The new environment mapping.
+    """
+    result = dict(os.environ if env is None else env)
+    if not result.get(MULTIPROC_ENV):
+        if multiproc_dir is None:
+            multiproc_dir = tempfile.mkdtemp(prefix="fairway-prometheus-")
+        os.makedirs(multiproc_dir, exist_ok=True)
+        result[MULTIPROC_ENV] = multiproc_dir
+    return result
+
+
+@dataclass(slots=True)
+class FairwayStats:
+    """Counters of the ordering since the last `take()`; cheap to update every step."""
+
+    steps_ordered: int = 0
+    policy_fallbacks: int = 0
+    placed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
+    oversized_rejected: int = 0
+    protected_blocks: int = 0
+    #: Pre-pass durations of the steps since the last take() (seconds).
+    prepass_s: list[float] = field(default_factory=list)
+    #: Running sum and count of pre-pass durations (kept by `add`; samples are not kept).
+    prepass_total_s: float = 0.0
+    prepass_count: int = 0
+    #: Largest / smallest uncached work (tokens) in the queue at the last ordered step.
+    queue_work_max_tokens: int | None = None
+    queue_work_min_tokens: int | None = None
+
+    def take(self) -> FairwayStats:
+        """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
+        taken = FairwayStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        self.steps_ordered = self.policy_fallbacks = 0
+        self.oversized_rejected = self.protected_blocks = 0
+        self.placed = dict.fromkeys(LANES, 0)
+        self.prepass_s = []
+        return taken
+
+    def add(self, other: FairwayStats) -> None:
+        """Accumulate `other` into this object (running totals for tests and the replay)."""
+        self.steps_ordered += other.steps_ordered
+        self.policy_fallbacks += other.policy_fallbacks
+        self.oversized_rejected += other.oversized_rejected
+        self.protected_blocks += other.protected_blocks
+        for lane, n in other.placed.items():
+            self.placed[lane] = self.placed.get(lane, 0) + n
+        self.prepass_total_s += other.prepass_total_s + sum(other.prepass_s)
+        self.prepass_count += other.prepass_count + len(other.prepass_s)
+        if other.queue_work_max_tokens is not None:
+            self.queue_work_max_tokens = other.queue_work_max_tokens
+            self.queue_work_min_tokens = other.queue_work_min_tokens
+
+
+_collectors: dict[str, Any] | None = None
+
+
+def _get_collectors() -> dict[str, Any]:
+    """Process-wide metric objects (created once; a scheduler adds its own label values)."""
+    global _collectors
+    if _collectors is None:
+        _collectors = {
+            "steps": Counter(
+                "fairway:steps_ordered",
+                "Scheduling steps whose waiting queue Fairway ordered.",
+                LABELS,
+            ),
+            "placed": Counter(
+                "fairway:requests_placed",
+                "Waiting requests admitted by vLLM from Fairway's order, by the lane that "
+                "placed them (fast/fair for Fairway, single for one-lane policies).",
+                (*LABELS, "lane"),
+            ),
+            "fallbacks": Counter(
+                "fairway:policy_fallbacks",
+                "Steps that kept vLLM's order because building the queue view, probing or the "
+                "policy failed (or the policy returned no permutation).",
+                LABELS,
+            ),
+            "oversized": Counter(
+                "fairway:oversized_requests",
+                "Requests finished with an error because they cannot fit in an empty KV cache.",
+                LABELS,
+            ),
+            "protected": Counter(
+                "fairway:protected_blocks",
+                "Free cached KV blocks moved to the MRU end by soft eviction protection.",
+                LABELS,
+            ),
+            "prepass": Histogram(
+                "fairway:prepass_seconds",
+                "Time Fairway adds before vLLM's schedule(): probe, order, re-sort, protect.",
+                LABELS,
+                buckets=_PREPASS_BUCKETS,
+            ),
+            "work_max": Gauge(
+                "fairway:queue_work_max_tokens",
+                "Largest uncached work (tokens) of a waiting request at the last ordered step.",
+                LABELS,
+                multiprocess_mode="mostrecent",
+            ),
+            "work_min": Gauge(
+                "fairway:queue_work_min_tokens",
+                "Smallest uncached work (tokens) of a waiting request at the last ordered step.",
+                LABELS,
+                multiprocess_mode="mostrecent",
+            ),
+        }
+    return _collectors
+
+
+class FairwayMetrics:
+    """The Prometheus series of one scheduler (one label set), fed from `FairwayStats`."""
+
+    def __init__(self, model_name: str, engine: str, policy: str) -> None:
+        collectors = _get_collectors()
+        labels = (model_name, engine, policy)
+        self.labels = dict(zip(LABELS, labels, strict=True))
+        self._steps = collectors["steps"].labels(*labels)
+        self._fallbacks = collectors["fallbacks"].labels(*labels)
+        self._oversized = collectors["oversized"].labels(*labels)
+        self._protected = collectors["protected"].labels(*labels)
+        self._prepass = collectors["prepass"].labels(*labels)
+        self._work_max = collectors["work_max"].labels(*labels)
+        self._work_min = collectors["work_min"].labels(*labels)
+        self._placed = {lane: collectors["placed"].labels(*labels, lane) for lane in LANES}
+        # Create every series at 0 so that a scrape shows them before the first request.
+        for counter in (self._steps, self._fallbacks, self._oversized, self._protected):
+            counter.inc(0)
+        for counter in self._placed.values():
+            counter.inc(0)
+
+    def record(self, stats: FairwayStats) -> None:
+        """Add one drained `FairwayStats` to the series."""
+        if stats.steps_ordered:
+            self._steps.inc(stats.steps_ordered)
+        if stats.policy_fallbacks:
+            self._fallbacks.inc(stats.policy_fallbacks)
+        if stats.oversized_rejected:
+            self._oversized.inc(stats.oversized_rejected)
+        if stats.protected_blocks:
+            self._protected.inc(stats.protected_blocks)
+        for lane, n in stats.placed.items():
+            if n:
+                self._placed[lane].inc(n)
+        for seconds in stats.prepass_s:
+            self._prepass.observe(seconds)
+        if stats.queue_work_max_tokens is not None:
+            self._work_max.set(stats.queue_work_max_tokens)
+            self._work_min.set(stats.queue_work_min_tokens or 0)

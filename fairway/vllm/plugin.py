@@ -1,0 +1,108 @@
+"""The `vllm.general_plugins` entry point: runs in every vLLM process (front end, EngineCore,
+workers), before the scheduler class is resolved.
+
+It does three cheap things and never raises (vLLM logs a plugin's exception, but a broken plugin
+must not be the reason a server does not start):
+
+* routes the `fairway` logger to vLLM's handlers, at vLLM's level: vLLM configures only the
+  `vllm` logger, with `propagate=False`, so `fairway.*` INFO lines (start-up options) would
+  otherwise vanish;
+* logs the Fairway version once per process;
+* warns if the installed vLLM is outside the range Fairway was tested with (>=0.32,<0.34).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vllm.logger import init_logger
+
+import fairway
+
+logger = init_logger(__name__)
+
+#: Tested vLLM versions: [MIN, MAX) as (major, minor).
+SUPPORTED_MIN = (0, 32)
+SUPPORTED_MAX = (0, 34)
+
+_registered = False
+
+
+def register() -> None:
+    """Entry point `fairway = "fairway.vllm.plugin:register"`; idempotent and never raises."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    try:
+        attach_vllm_logging()
+        version = _vllm_version()
+        logger.info("Fairway %s plugin loaded (vLLM %s).", fairway.__version__, version)
+        problem = version_problem(version)
+        if problem:
+            logger.warning("Fairway: %s", problem)
+    except Exception:  # noqa: BLE001 - a plugin must never stop vLLM
+        logger.exception("Fairway plugin registration failed")
+
+
+class _ToVllmHandlers(logging.Handler):
+    """Hands `fairway.*` records to whatever handlers the `vllm` logger has *now*.
+
+    Copying vLLM's handlers once would miss a later configuration: the API server loads plugins
+    while building its argument parser, before it configures logging from the parsed flags. With
+    vLLM logging unconfigured (library use, tests) the record goes where a `vllm.*` record would:
+    up to the root logger.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # Walk from `vllm` up as a vllm.* record would, skipping handlers the `fairway` logger
+        # has itself (test frameworks attach theirs to non-propagating loggers and the root).
+        own = logging.getLogger("fairway").handlers
+        logger: logging.Logger | None = logging.getLogger("vllm")
+        while logger is not None:
+            for handler in logger.handlers:
+                if handler not in own and record.levelno >= handler.level:
+                    handler.handle(record)
+            logger = logger.parent if logger.propagate else None
+
+
+def attach_vllm_logging() -> None:
+    """Route the `fairway` logger's records to vLLM's handlers, at vLLM's level. Idempotent."""
+    target = logging.getLogger("fairway")
+    if not any(isinstance(h, _ToVllmHandlers) for h in target.handlers):
+        target.addHandler(_ToVllmHandlers())
+    target.propagate = False  # the handler above already delivers it (no double lines)
+    target.setLevel(_vllm_level())
+
+
+def _vllm_level() -> int:
+    """The `vllm` logger's level, or the VLLM_LOGGING_LEVEL it will be configured with."""
+    level = logging.getLogger("vllm").level
+    if level != logging.NOTSET:
+        return level
+    import vllm.envs as envs
+
+    resolved = logging.getLevelName(str(envs.VLLM_LOGGING_LEVEL).upper())
+    return resolved if isinstance(resolved, int) else logging.INFO
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def version_problem(version: str) -> str | None:
+    """A warning text if `version` is outside the supported range, else None."""
+    try:
+        parts = version.split("+")[0].split(".")
+        major_minor = (int(parts[0]), int(parts[1]))
+    except (ValueError, IndexError):
+        return f"cannot parse the vLLM version {version!r}; Fairway supports vLLM >=0.32,<0.34"
+    if SUPPORTED_MIN <= major_minor < SUPPORTED_MAX:
+        return None
+    return (
+        f"vLLM {version} is outside the range Fairway {fairway.__version__} supports "
+        "(>=0.32,<0.34). The scheduler checks the vLLM internals it needs at start-up and "
+        "refuses to start if one is missing; run `make compat` to test this version."
+    )

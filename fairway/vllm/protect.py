@@ -1,0 +1,100 @@
+"""KV-block accounting around the ordering: soft eviction protection and oversized requests.
+
+Soft protection (the PEEK baseline's cache half, an option for every policy): before vLLM's scan,
+the cached hit blocks of the first K waiting requests that no one holds (ref_cnt == 0, i.e. in the
+free queue, evictable) are moved to the MRU end of vLLM's free queue, the top request's first block
+last. vLLM evicts from the LRU head, so those blocks go only after every other evictable block.
+Nothing is pinned: ref counts and the free-block count are unchanged, so admission can never
+deadlock on protected blocks (hard pins do: see research/vllm_internals.md §3.4).
+
+Oversized requests: vLLM's scan stops at the first request whose blocks do not fit. A request that
+needs more blocks than the whole cache has would stop it forever, under any ordering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
+logger = init_logger(__name__)
+
+
+def protect_hit_blocks(
+    free_queue: FreeKVCacheBlockQueue, chains: Iterable[list[KVCacheBlock]]
+) -> int:
+    """Move the evictable blocks of `chains` (highest priority first) to the free queue's MRU end.
+
+    The result equals processing the requests in reverse priority order and, for each, moving its
+    chain tail first and its first block last; here each block moves once (at its highest-priority
+    occurrence), because chains of requests sharing a prefix share blocks. Cost: O(distinct
+    blocks) per call, plus one walk over the free queue's MRU end to detect the steady state.
+
+    Args:
+        free_queue: vLLM's `BlockPool.free_block_queue`.
+        chains: per request, the cached hit blocks in prefix order (`PrefixProbe.hit_blocks`).
+
+    Returns:
+        The number of blocks moved (0 when the MRU end already has this exact order).
+    """
+    seen: set[int] = set()
+    wanted: list[KVCacheBlock] = []  # wanted[0] must end up at the very end of the queue
+    for chain in chains:
+        # Chains are prefixes of block-hash chains: if block j was seen (in an earlier, higher
+        # priority chain), blocks 0..j were too. Walk back to the last seen block, so requests
+        # sharing a long cached prefix cost O(their new blocks), not O(chain length).
+        start = len(chain)
+        while start > 0 and id(chain[start - 1]) not in seen:
+            start -= 1
+        for block in chain[start:]:
+            seen.add(id(block))
+            # ref_cnt == 0 <=> the block is in the free queue (the null block never is).
+            if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null:
+                wanted.append(block)
+    if not wanted or _already_at_mru_end(free_queue, wanted):
+        return 0
+    for block in reversed(wanted):
+        free_queue.remove(block)  # vLLM internal: FreeKVCacheBlockQueue.remove (O(1))
+        free_queue.append(block)  # vLLM internal: FreeKVCacheBlockQueue.append
+    return len(wanted)
+
+
+def _already_at_mru_end(free_queue: FreeKVCacheBlockQueue, wanted: list[KVCacheBlock]) -> bool:
+    """True if the queue already ends with wanted[-1], ..., wanted[0] (the steady state)."""
+    node = getattr(free_queue, "fake_free_list_tail", None)  # vLLM internal: list sentinel
+    if node is None:
+        return False
+    for block in wanted:
+        node = node.prev_free_block
+        if node is not block:
+            return False
+    return True
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """KV blocks a request of `num_tokens` tokens occupies (ceil division)."""
+    return -(-num_tokens // block_size)
+
+
+def is_oversized(num_tokens: int, block_size: int, usable_blocks: int) -> bool:
+    """True if the request could not be admitted even into an empty cache."""
+    return blocks_needed(num_tokens, block_size) > usable_blocks
+
+
+def log_oversized(request_id: str, num_tokens: int, block_size: int, usable_blocks: int) -> None:
+    """The one log line per oversized request (names the request and the numbers)."""
+    logger.error(
+        "Fairway: request %s needs %d KV blocks (%d tokens, block size %d) but the KV cache has "
+        "only %d usable blocks, so it can never be admitted; it is moved behind every other "
+        "request and finished with an error. Raise the KV cache size "
+        "(--gpu-memory-utilization, --num-gpu-blocks-override) or lower --max-model-len.",
+        request_id,
+        blocks_needed(num_tokens, block_size),
+        num_tokens,
+        block_size,
+        usable_blocks,
+    )

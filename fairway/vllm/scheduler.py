@@ -1,0 +1,346 @@
+"""FairwayScheduler / FairwayAsyncScheduler: vLLM's V1 schedulers with Fairway's queue order.
+
+Use: `vllm serve MODEL --scheduler-cls fairway.vllm.FairwayScheduler --scheduling-policy fcfs
+--enable-prefix-caching --additional-config '{"fairway": {"policy": "fairway"}}'` (take
+`fairway.vllm.FairwayAsyncScheduler` when vLLM runs with async scheduling, the default on GPUs).
+
+Before each step the mixin re-sorts `self.waiting` (vLLM's FCFS deque) in place by the policy's
+order, then calls vLLM's own `schedule()`, which admits in that order within the token budget,
+chunks what does not fit and stops at the first request whose KV blocks do not fit. Fairway decides
+who starts; vLLM's admission, allocation, preemption and chunking are untouched. Anything that goes
+wrong in the pre-pass leaves vLLM's order for that step: the ordering can never stop the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
+
+import fairway
+import fairway.policies as policies
+from fairway.errors import FairwayConfigError, FairwayError
+from fairway.vllm import plugin, probe, protect
+from fairway.vllm.config import FairwayOptions
+from fairway.vllm.metrics import FairwayMetrics, FairwayStats
+
+logger = init_logger(__name__)
+
+
+@dataclass(slots=True)
+class _Placed:
+    """What the pre-pass did this step, for the after-step bookkeeping."""
+
+    queue: list[Request]  # the new order of self.waiting
+    num_fixed: int  # preempted requests kept at the head
+    num_ordered: int  # requests the policy ordered, right after the fixed ones
+    lanes: list[str] | None  # lane per ordered position (Fairway), None: one lane
+
+
+class FairwaySchedulerMixin:
+    """The logic shared by both Fairway schedulers; put it before the vLLM base class.
+
+    Attributes set at construction (public, read by tests, the replay and the benchmark):
+        fairway_options: the resolved `FairwayOptions`.
+        fairway_policy: the policy object (one per scheduler; it may keep state).
+        fairway_probe: the incremental `PrefixProbe`.
+        fairway_totals: `FairwayStats` accumulated since construction.
+        fairway_last_views / fairway_last_order: the policy's input and output at the last
+            ordered step (views of the orderable requests; indices into them).
+        fairway_clock: `() -> seconds`, the `now` given to the policy; must be on the clock of
+            `Request.arrival_time` (wall clock, `time.time`, in vLLM). Assign another callable
+            to the attribute (or call `set_fairway_clock`) for a virtual clock.
+    """
+
+    fairway_clock: Callable[[], float] = staticmethod(time.time)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        options = FairwayOptions.from_vllm_config(self.vllm_config)
+        policy = options.build_policy()
+        _check_engine_config(self.vllm_config, options, policy)
+        _check_internals(self)
+        self.fairway_options = options
+        self.fairway_policy = policy
+        self.fairway_probe = probe.PrefixProbe(
+            probe.kv_cache_manager(self), caching=bool(self.cache_config.enable_prefix_caching)
+        )
+        self._fairway_rejected: set[str] = set()
+        self._fairway_failed_types: set[type] = set()
+        self._fairway_max_tokens = probe.usable_blocks(self) * self.fairway_probe.block_size
+        self._fairway_top_k = options.top_k(self.scheduler_config.max_num_seqs)
+        self.fairway_stats = FairwayStats()
+        self.fairway_totals = FairwayStats()
+        self.fairway_last_views: list[policies.QueuedRequest] = []
+        self.fairway_last_order: list[int] = []
+        self.fairway_metrics = (
+            FairwayMetrics(
+                model_name=str(self.vllm_config.model_config.served_model_name),
+                engine=str(self.vllm_config.parallel_config.data_parallel_rank),
+                policy=options.policy,
+            )
+            if self.log_stats
+            else None
+        )
+        plugin.attach_vllm_logging()  # also when the entry point is not installed
+        self._fairway_calibration = _make_calibration(self) if options.self_calibrate else None
+        _log_start(options, policy, self)
+
+    def set_fairway_clock(self, clock: Callable[[], float]) -> None:
+        """Use `clock` for `now` (e.g. the virtual clock of `fairway.replay.sim`)."""
+        self.fairway_clock = clock
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        """Order the waiting queue, then run vLLM's step unchanged (arguments pass through)."""
+        start = time.perf_counter()
+        placed = self._fairway_reorder()
+        prepass_s = time.perf_counter() - start
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        self._fairway_after_step(output, placed, prepass_s)
+        if self._fairway_calibration is not None:
+            self._fairway_calibrate("on_schedule", output)
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
+    ) -> Any:
+        """vLLM's unchanged; only tells self-calibration (if on) that the step's output is in."""
+        if self._fairway_calibration is not None:
+            self._fairway_calibrate("on_update", scheduler_output)
+        return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+
+    def _fairway_calibrate(self, hook: str, output: SchedulerOutput) -> None:
+        """Call a `SchedulerCalibration` hook; a failure only skips calibration this step."""
+        try:
+            getattr(self._fairway_calibration, hook)(output)
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_fallback(exc, "self-calibrating", "this step is not calibrated")
+
+    # --- before the step --------------------------------------------------------------------------
+
+    def _fairway_reorder(self) -> _Placed | None:
+        """Re-sort `self.waiting`; on any failure leave it as it is. Never raises."""
+        queue = probe.waiting_queue(self)
+        if not queue:
+            return None
+        current = list(queue)
+        try:
+            placed = self._fairway_plan(current)
+        except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
+            self._fairway_fallback(exc)
+            return None
+        probe.reorder_queue(queue, placed.queue)
+        if self.fairway_options.protect_enabled:
+            self._fairway_protect(placed.queue)
+        return placed
+
+    def _fairway_plan(self, current: list[Request]) -> _Placed:
+        """The new queue order (a permutation of `current`), or an exception."""
+        snap = self.fairway_probe.snapshot(
+            current,
+            keep_preempted_first=not self.fairway_options.reorder_preempted,
+            max_tokens=self._fairway_max_tokens,
+        )
+        views = snap.views
+        order = self.fairway_policy.order(views, self.fairway_clock()) if views else []
+        if len(order) != len(views) or set(order) != set(range(len(views))):
+            raise PolicyOrderError(
+                f"policy {self.fairway_options.policy!r} returned {len(order)} indices that are "
+                f"not a permutation of range({len(views)})"
+            )
+        ordered = [snap.requests[i] for i in order]
+        for request in snap.oversized:
+            self._fairway_reject(request)
+        lanes = getattr(self.fairway_policy, "last_lanes", None)
+        if not isinstance(lanes, list) or len(lanes) != len(order):
+            lanes = None
+        self.fairway_last_views, self.fairway_last_order = views, order
+        stats = self.fairway_stats
+        stats.steps_ordered += 1
+        if views:
+            stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
+        queue = snap.fixed + ordered + snap.oversized
+        return _Placed(queue, len(snap.fixed), len(ordered), lanes)
+
+    def _fairway_reject(self, request: Request) -> None:
+        """Finish a request that can never fit (once); it already sits behind everyone."""
+        request_id, _, num_tokens = probe.request_fields(request)
+        if request_id in self._fairway_rejected:
+            return
+        self._fairway_rejected.add(request_id)
+        self.fairway_stats.oversized_rejected += 1
+        protect.log_oversized(
+            request_id, num_tokens, self.fairway_probe.block_size, probe.usable_blocks(self)
+        )
+        probe.report_request_error(self, request_id)
+
+    def _fairway_protect(self, queue: list[Request]) -> None:
+        """Soft eviction protection of the first K requests' cached blocks. Never raises."""
+        try:
+            hit_blocks = self.fairway_probe.hit_blocks
+            chains = (hit_blocks(r) for r in queue[: self._fairway_top_k])
+            free_queue = probe.block_pool(self).free_block_queue  # vLLM internal
+            self.fairway_stats.protected_blocks += protect.protect_hit_blocks(free_queue, chains)
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_fallback(exc, "protecting cached blocks", "no protection this step")
+
+    def _fairway_fallback(
+        self,
+        exc: Exception,
+        what: str = "ordering the waiting queue",
+        outcome: str = "vLLM's order is kept for this step",
+    ) -> None:
+        """Count the failure; log it once per exception type (no request ids in the args)."""
+        self.fairway_stats.policy_fallbacks += 1
+        kind = type(exc)
+        if kind in self._fairway_failed_types:
+            return
+        self._fairway_failed_types.add(kind)
+        logger.warning(
+            "Fairway: %s failed while %s (policy %s); %s and the engine keeps serving. Counted "
+            "in fairway:policy_fallbacks_total; this message is logged once per exception type.",
+            kind.__name__,
+            what,
+            self.fairway_options.policy,
+            outcome,
+            exc_info=exc,
+        )
+
+    # --- after the step ---------------------------------------------------------------------------
+
+    def _fairway_after_step(
+        self, output: SchedulerOutput, placed: _Placed | None, prepass_s: float
+    ) -> None:
+        """Tell the policy what was admitted; forget who left; publish stats. Never raises."""
+        stats = self.fairway_stats
+        try:
+            scheduled = probe.scheduled_tokens(output)
+            if scheduled:  # every scheduled request left the waiting queue (or never was in it)
+                requests = self.requests  # vLLM internal: Scheduler.requests
+                self.fairway_probe.forget(requests[rid] for rid in scheduled if rid in requests)
+            if placed is not None:
+                stats.prepass_s.append(prepass_s)
+                admitted = self._fairway_admitted(output, placed)
+                self.fairway_policy.on_step_end(
+                    [r.request_id for r in admitted],  # vLLM internal: Request.request_id
+                    probe.prefill_tokens(self, output),
+                )
+            self._fairway_trim()
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_fallback(exc, "finishing the step", "the step's output is unchanged")
+        if self.fairway_metrics is not None or placed is not None:
+            taken = stats.take()
+            self.fairway_totals.add(taken)
+            if self.fairway_metrics is not None:
+                self.fairway_metrics.record(taken)
+
+    def _fairway_admitted(self, output: SchedulerOutput, placed: _Placed) -> list[Request]:
+        """Requests admitted from our order, in admission order; counts them by lane.
+
+        vLLM pops admitted requests from the head and puts skipped ones back at the head, so the
+        admitted ones lie within the first (scheduled + skipped) positions of our order.
+        """
+        scheduled = probe.scheduled_tokens(output)
+        if not scheduled:
+            return []
+        limit = len(scheduled) + probe.deferred_count(self)
+        admitted: list[Request] = []
+        placed_counts = self.fairway_stats.placed
+        for k, request in enumerate(placed.queue[:limit]):
+            if request.request_id not in scheduled:  # vLLM internal: Request.request_id
+                continue
+            admitted.append(request)
+            ordered_pos = k - placed.num_fixed
+            if 0 <= ordered_pos < placed.num_ordered:  # not preempted-first, not oversized
+                lane = placed.lanes[ordered_pos] if placed.lanes is not None else "single"
+                placed_counts[lane] = placed_counts.get(lane, 0) + 1
+        return admitted
+
+    def _fairway_trim(self) -> None:
+        """Drop memo entries of requests that left without being admitted (aborts, errors)."""
+        queue = probe.waiting_queue(self)
+        if len(self.fairway_probe) <= 2 * len(queue) + 64:
+            return
+        self.fairway_probe.retain(queue)
+        self._fairway_rejected &= {r.request_id for r in queue}  # vLLM internal: request_id
+
+
+class PolicyOrderError(FairwayError):
+    """The policy's `order()` did not return a permutation of the queue's indices."""
+
+
+class FairwayScheduler(FairwaySchedulerMixin, Scheduler):
+    """vLLM's `Scheduler` with Fairway's waiting-queue order (synchronous scheduling)."""
+
+
+class FairwayAsyncScheduler(FairwaySchedulerMixin, AsyncScheduler):
+    """vLLM's `AsyncScheduler` with Fairway's waiting-queue order (`--async-scheduling`)."""
+
+
+# --- start-up checks ------------------------------------------------------------------------------
+
+
+def _check_engine_config(vllm_config: Any, options: FairwayOptions, policy: Any) -> None:
+    """Refuse engine settings Fairway cannot work with; the fix comes first in the message."""
+    queue_policy = vllm_config.scheduler_config.policy
+    if queue_policy != "fcfs":
+        raise FairwayConfigError(
+            f"start vLLM with --scheduling-policy fcfs: Fairway re-orders vLLM's FCFS waiting "
+            f"queue and cannot impose an order on the {queue_policy!r} queue (a heap)"
+        )
+    if type(policy).needs_cache_hits and not vllm_config.cache_config.enable_prefix_caching:
+        agnostic = [n for n in policies.names() if not type(policies.get(n)).needs_cache_hits]
+        raise FairwayConfigError(
+            f"start vLLM with --enable-prefix-caching: Fairway policy {options.policy!r} orders "
+            f"by cached prefix length, and prefix caching is off (policies that work without "
+            f"it: {', '.join(agnostic)})"
+        )
+
+
+def _make_calibration(scheduler: Any) -> Any:
+    """The `self_calibrate` helper (imported only when the option is on)."""
+    from fairway.vllm import calibrate
+
+    return calibrate.for_scheduler(scheduler)
+
+
+def _check_internals(scheduler: Scheduler) -> None:
+    missing = probe.check_internals(scheduler)
+    if missing:
+        import vllm
+
+        raise FairwayError(
+            f"Fairway {fairway.__version__} does not support vLLM {vllm.__version__}: vLLM "
+            f"internals it uses are missing or changed: {', '.join(missing)}. Supported: "
+            "vLLM >=0.32,<0.34 (run `make compat` against a new version)."
+        )
+
+
+def _log_start(options: FairwayOptions, policy: Any, scheduler: Any) -> None:
+    logger.info(
+        "Fairway %s: %s ordering vLLM's waiting queue with policy %s, options %s (set by: %s); "
+        "incremental prefix probe: %s.",
+        fairway.__version__,
+        type(scheduler).__name__,
+        options.policy,
+        options.describe(),
+        dict(options.sources) or "defaults",
+        scheduler.fairway_probe.incremental,
+    )
+    if "profile" in policies.param_names(options.policy) and getattr(policy, "profile", 1) is None:
+        logger.warning(
+            "Fairway: no prefill-time profile for policy %s, so every request's patience is "
+            "the floor (patience_floor_s=%s s) whatever its length. Run `fairway profile` on "
+            "this GPU and model and pass the table: --additional-config "
+            '\'{"fairway": {"profile": "PATH"}}\' or FAIRWAY_PROFILE=PATH (a shipped estimate: '
+            "a6000-llama3.1-8b-estimate).",
+            options.policy,
+            getattr(policy, "patience_floor_s", "?"),
+        )

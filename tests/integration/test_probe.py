@@ -1,0 +1,140 @@
+"""The incremental prefix probe: equal to vLLM's own lookup, through growth and eviction, and
+without side effects on vLLM's state."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BS = 16
+
+
+def _lookups(sched, request) -> tuple[int, int, int]:
+    """(incremental probe, fresh coordinator lookup, vLLM's get_computed_blocks) in tokens."""
+    probe = sched.fairway_probe
+    incremental = probe.cached_tokens(request)
+    fresh = probe.fresh_cached_tokens(request)
+    _, computed, *_ = sched.kv_cache_manager.get_computed_blocks(request)
+    return incremental, fresh, computed
+
+
+def test_hit_grows_while_the_prefix_is_prefilled(offline, helpers):
+    """W waits while S computes the shared prefix chunk by chunk: the memo grows with it."""
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=200, max_num_batched_tokens=64, max_num_seqs=4
+    )
+    prefix = helpers.tokens(1, 320)  # 20 blocks
+    sched.add_request(offline.make_request("S", prefix, 1.0))
+    w = offline.make_request("W", prefix + helpers.tokens(5_000, 16), 2.0)
+    sched.add_request(w)
+    seen = []
+    while "W" in helpers.queue_ids(sched):
+        incremental, fresh, computed = _lookups(sched, sched.requests["W"])
+        assert incremental == fresh == computed
+        seen.append(incremental)
+        offline.step(sched)
+    assert seen == [0, 64, 128, 192, 256, 320]  # 4 blocks cached per 64-token chunk
+    assert sched.fairway_probe.hit_blocks(w) == []  # memo dropped at admission
+    assert len(sched.fairway_probe) == 0
+    assert sched.fairway_probe.num_full_lookups == 2  # S and W once each; the rest incremental
+
+
+def test_hit_shrinks_as_the_prefix_is_evicted(offline, helpers):
+    """A decoding request eats the free queue; the cached chain goes tail first."""
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=26, max_num_batched_tokens=512, max_num_seqs=1
+    )
+    prefix = helpers.tokens(1, 320)  # 20 blocks
+    sched.add_request(offline.make_request("P", prefix, 1.0))
+    offline.run_until_idle(sched)
+    # R holds the only running slot and decodes for a long time; W can never be admitted.
+    sched.add_request(offline.make_request("R", helpers.tokens(9_000, 16), 2.0, max_tokens=400))
+    offline.step(sched)
+    sched.add_request(offline.make_request("W", prefix + helpers.tokens(5_000, 40), 3.0))
+    history = []
+    for _ in range(260):
+        incremental, fresh, computed = _lookups(sched, sched.requests["W"])
+        assert incremental == fresh == computed
+        if not history or history[-1] != incremental:
+            history.append(incremental)
+        offline.step(sched)
+        helpers.check_queues(sched)
+    assert history[0] == 320 and len(history) >= 10  # shrank block by block
+    assert history == sorted(history, reverse=True)
+    assert sched.fairway_probe.num_full_lookups >= 10  # every eviction forced a re-lookup
+
+
+def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
+    """Shared prefixes, a small cache (evictions) and arrivals over time."""
+    rng = random.Random(7)
+    sched = offline.make_offline_scheduler(
+        "fcfs", num_blocks=120, max_num_batched_tokens=128, max_num_seqs=6
+    )
+    prefixes = [helpers.tokens(10_000 * (g + 1), 16 * rng.randint(4, 30)) for g in range(4)]
+    grew = shrank = 0
+    last: dict[str, int] = {}
+    n = 0
+    for step_no in range(150):
+        for _ in range(rng.choice((0, 0, 0, 1, 3))):
+            prompt = rng.choice(prefixes) + helpers.tokens(500_000 + 1_000 * n, rng.randint(1, 300))
+            sched.add_request(offline.make_request(f"r{n}", prompt, float(step_no)))
+            n += 1
+        for request in list(sched.waiting):
+            incremental, fresh, computed = _lookups(sched, request)
+            assert incremental == fresh == computed, request.request_id
+            previous = last.get(request.request_id)
+            grew += previous is not None and incremental > previous
+            shrank += previous is not None and incremental < previous
+            last[request.request_id] = incremental
+        offline.step(sched)
+        helpers.check_queues(sched)
+    assert grew and shrank, (grew, shrank)  # both kinds of change were exercised
+
+
+def test_probing_changes_nothing_in_vllm(offline, helpers):
+    sched = offline.make_offline_scheduler("lpm", num_blocks=100, max_num_seqs=2)
+    prefix = helpers.tokens(1, 320)
+    sched.add_request(offline.make_request("P", prefix, 1.0))
+    offline.run_until_idle(sched)
+    sched.add_request(offline.make_request("R", helpers.tokens(9_000, 16), 2.0, max_tokens=50))
+    sched.add_request(offline.make_request("R2", helpers.tokens(8_000, 16), 2.0, max_tokens=50))
+    offline.step(sched)  # R, R2 run and fill both slots: the rest waits
+    waiting = [
+        offline.make_request(f"W{i}", prefix[: 16 * (i + 5)] + helpers.tokens(7_000 + i, 8), 3.0)
+        for i in range(10)
+    ]
+    offline.add_requests(sched, waiting)
+    kvm = sched.kv_cache_manager
+    pool = kvm.block_pool
+
+    def state():
+        return (
+            [b.ref_cnt for b in pool.blocks],
+            [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+            pool.get_num_free_blocks(),
+            dataclasses.asdict(kvm.prefix_cache_stats),
+            len(pool.cached_block_hash_to_block),
+            list(pool.kv_event_queue),
+        )
+
+    before = state()
+    probe = sched.fairway_probe
+    hits = [probe.cached_tokens(r) for r in waiting]  # full lookups (first time)
+    hits2 = [probe.cached_tokens(r) for r in waiting]  # incremental
+    fresh = [probe.fresh_cached_tokens(r) for r in waiting]
+    assert hits == hits2 == fresh == [16 * (i + 5) for i in range(10)]
+    assert state() == before
+
+
+def test_probe_is_capped_at_num_tokens_minus_one(offline, helpers):
+    sched = offline.make_offline_scheduler("lpm", num_blocks=100)
+    prompt = helpers.tokens(1, 64)  # exactly 4 blocks
+    sched.add_request(offline.make_request("A", prompt, 1.0))
+    offline.run_until_idle(sched)
+    again = offline.make_request("B", prompt, 2.0)
+    assert sched.fairway_probe.cached_tokens(again) == 48  # 3 blocks: the last token recomputed
+    assert sched.fairway_probe.fresh_cached_tokens(again) == 48
