@@ -1,0 +1,262 @@
+"""Self-calibration from step times (`fairway.vllm.calibrate`; imports no vLLM).
+
+Synthetic engine: step_s = o + b*tokens + c*pairs with multiplicative noise; the calibrator must
+recover T(L) within a few % and follow a change of the engine.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import REGISTRY
+
+from fairway.policies.fairway import FairwayPolicy
+from fairway.vllm import calibrate
+from fairway.vllm.calibrate import (
+    CalibrationSettings,
+    SchedulerCalibration,
+    StepCostModel,
+    StepTimeCalibrator,
+)
+
+CHUNK = 2048
+TRUTH = StepCostModel(overhead_s=0.004, per_token_s=3e-5, per_pair_s=2e-9)
+LENGTHS = (256, 2048, 8192, 32768)
+
+
+def synthetic_step(rng: random.Random) -> list[tuple[int, int]]:
+    """A mixed batch: some decodes, some prefill chunks, at most CHUNK tokens in all."""
+    chunks: list[tuple[int, int]] = []
+    budget = CHUNK
+    for _ in range(rng.randint(1, 8)):
+        if budget <= 0:
+            break
+        if rng.random() < 0.4:
+            chunks.append((1, rng.randint(100, 8000)))  # a decode
+            budget -= 1
+        else:
+            n = min(budget, rng.randint(16, CHUNK))
+            chunks.append((n, rng.choice([0, rng.randint(0, 30000)])))  # a chunk, maybe late
+            budget -= n
+    return chunks
+
+
+def feed(cal: StepTimeCalibrator, truth: StepCostModel, steps: int, seed: int = 0,
+         noise: float = 0.03) -> None:
+    rng = random.Random(seed)
+    for _ in range(steps):
+        chunks = synthetic_step(rng)
+        tokens, pairs = calibrate.chunk_features(chunks)
+        cal.observe(chunks, truth.step_s(tokens, pairs) * rng.gauss(1.0, noise))
+
+
+def test_converges_to_the_synthetic_engine() -> None:
+    cal = StepTimeCalibrator(CHUNK)
+    feed(cal, TRUTH, 3000)
+    assert cal.ready
+    for n in LENGTHS:
+        assert cal.prefill_s(n) == pytest.approx(TRUTH.prefill_s(n, CHUNK), rel=0.03), n
+    model = cal.model()
+    assert model.overhead_s >= 0 and model.per_token_s >= 0 and model.per_pair_s >= 0
+
+
+def test_follows_a_changed_engine() -> None:
+    cal = StepTimeCalibrator(CHUNK, CalibrationSettings(half_life_steps=300))
+    feed(cal, TRUTH, 1500)
+    slower = StepCostModel(0.006, 6e-5, 4e-9)  # e.g. a neighbour on the same GPU
+    feed(cal, slower, 3000, seed=1)
+    for n in LENGTHS:
+        assert cal.prefill_s(n) == pytest.approx(slower.prefill_s(n, CHUNK), rel=0.05), n
+
+
+def test_not_ready_before_enough_varied_steps() -> None:
+    cal = StepTimeCalibrator(CHUNK)
+    assert not cal.ready and cal.prefill_s(1024) is None and cal.profile(4096) is None
+    for _ in range(500):  # every step the same shape: o, b and c cannot be told apart
+        cal.observe([(CHUNK, 0)], 0.1)
+    assert cal.num_used == 500 - cal.settings.skip_steps
+    assert not cal.ready
+
+
+def test_first_steps_and_empty_steps_are_skipped() -> None:
+    cal = StepTimeCalibrator(CHUNK, CalibrationSettings(skip_steps=2))
+    assert not cal.observe([(100, 0)], 1.0)
+    assert not cal.observe([(100, 0)], 1.0)
+    assert not cal.observe([], 1.0)
+    assert not cal.observe([(100, 0)], float("nan"))
+    assert cal.observe([(100, 0)], 0.01)
+    assert (cal.num_seen, cal.num_used) == (5, 1)
+
+
+def test_outliers_are_ignored_unless_they_persist() -> None:
+    settings = CalibrationSettings(max_outliers_in_a_row=4)
+    cal = StepTimeCalibrator(CHUNK, settings)
+    feed(cal, TRUTH, 1000)
+    before = cal.prefill_s(2048)
+    assert not cal.observe([(512, 0)], 100.0)  # a 100 s step: a GC pause, a compilation
+    assert cal.num_outliers == 1 and cal.prefill_s(2048) == before
+    for _ in range(3):
+        cal.observe([(512, 0)], 100.0)
+    assert cal.num_outliers == 3  # the 4th in a row was taken as real
+
+
+def test_coefficients_stay_non_negative() -> None:
+    cal = StepTimeCalibrator(CHUNK)
+    feed(cal, StepCostModel(0.01, 1e-5, 0.0), 2000, noise=0.05)  # no attention term at all
+    model = cal.model()
+    assert model.per_pair_s >= 0 and model.per_token_s > 0 and model.overhead_s > 0
+
+
+def test_snapshot_is_a_valid_profile_close_to_the_fit() -> None:
+    cal = StepTimeCalibrator(CHUNK)
+    feed(cal, TRUTH, 2000)
+    table = cal.profile(10_000, model_name="m")
+    assert table is not None
+    lengths = [n for n, _ in table.points]
+    assert lengths[0] == 64 and lengths[-1] == 10_000 and lengths == sorted(set(lengths))
+    assert table.metadata["source"] == "self-calibrated" and table.metadata["model_name"] == "m"
+    for n in (100, 700, 3000, 9000):  # between points: linear interpolation of the curve
+        assert table.prefill_s(n) == pytest.approx(cal.prefill_s(n), rel=0.03)
+
+
+def test_prefill_model_counts_chunks() -> None:
+    model = StepCostModel(0.01, 0.0, 0.0)
+    assert model.prefill_s(1, 512) == pytest.approx(0.01)
+    assert model.prefill_s(512, 512) == pytest.approx(0.01)
+    assert model.prefill_s(513, 512) == pytest.approx(0.02)
+    assert calibrate.chunk_features([(4, 0), (1, 10)]) == (5.0, 4 * 2.5 + 11)
+
+
+# --- the vLLM adapter, with a SchedulerOutput-shaped stand-in -------------------------------------
+
+
+def fake_output(new: list[tuple[str, int, int]], cached: list[tuple[str, int, int]]):
+    """(req_id, scheduled tokens, computed before) for new and continuing requests."""
+    scheduled = {rid: n for rid, n, _ in new + cached}
+    return SimpleNamespace(
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, num_computed_tokens=p) for r, _, p in new],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[r for r, _, _ in cached], num_computed_tokens=[p for _, _, p in cached]
+        ),
+    )
+
+
+def test_step_chunks_reads_new_and_continuing_requests() -> None:
+    out = fake_output([("a", 300, 6000), ("b", 548, 0)], [("c", 1, 900), ("d", 0, 5)])
+    assert calibrate.step_chunks(out) == [(300, 6000), (548, 0), (1, 900)]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recording_calibration(clock: FakeClock) -> tuple[SchedulerCalibration, list[float]]:
+    cal = SchedulerCalibration(StepTimeCalibrator(CHUNK), max_model_len=4096, clock=clock)
+    seen: list[float] = []
+    cal.observe_step = lambda output, seconds: seen.append(seconds)  # type: ignore[method-assign]
+    return cal, seen
+
+
+def test_step_time_in_a_synchronous_engine() -> None:
+    clock = FakeClock()
+    cal, seen = recording_calibration(clock)
+    for start in (0.0, 10.0):  # idle time between steps does not count
+        out = fake_output([("a", 100, 0)], [])
+        clock.now = start
+        cal.on_schedule(out)
+        clock.now = start + 0.25
+        cal.on_update(out)
+    assert seen == [0.25, 0.25]
+
+
+def test_step_time_with_async_scheduling() -> None:
+    clock = FakeClock()
+    cal, seen = recording_calibration(clock)
+    first, second = fake_output([("a", 100, 0)], []), fake_output([("b", 100, 0)], [])
+    cal.on_schedule(first)  # t=0
+    clock.now = 0.01
+    cal.on_schedule(second)  # scheduled while the first runs
+    clock.now = 0.30
+    cal.on_update(first)
+    clock.now = 0.50
+    cal.on_update(second)  # ran from 0.30 (when the first finished) to 0.50
+    assert seen == pytest.approx([0.30, 0.20])
+
+
+def test_empty_steps_are_not_observed() -> None:
+    clock = FakeClock()
+    cal, seen = recording_calibration(clock)
+    out = fake_output([], [])
+    cal.on_schedule(out)
+    clock.now = 1.0
+    cal.on_update(out)
+    assert seen == []
+
+
+def test_refresh_swaps_the_policy_profile_and_sets_the_gauge() -> None:
+    policy = FairwayPolicy()
+    assert policy.profile is None
+    labels = {"model_name": "test-calibrate", "engine": "0", "policy": "fairway"}
+    cal = SchedulerCalibration(
+        StepTimeCalibrator(CHUNK, CalibrationSettings(refresh_steps=500)),
+        max_model_len=8192, policy=policy, labels=labels,
+    )
+    rng = random.Random(3)
+    for _ in range(1000):
+        chunks = synthetic_step(rng)
+        new = [(f"r{i}", n, p) for i, (n, p) in enumerate(chunks)]
+        tokens, pairs = calibrate.chunk_features(chunks)
+        cal.observe_step(fake_output(new, []), TRUTH.step_s(tokens, pairs))
+    assert cal.profile is not None and policy.profile is cal.profile
+    assert policy.patience_s(8192) == pytest.approx(3 * TRUTH.prefill_s(8192, CHUNK), rel=0.03)
+    for n in (512, 2048, 8192):
+        value = REGISTRY.get_sample_value(
+            "fairway:calibrated_prefill_seconds", {**labels, "prompt_tokens": str(n)}
+        )
+        assert value == pytest.approx(cal.profile.prefill_s(n)), n
+    # Lengths above max_model_len are not published.
+    assert REGISTRY.get_sample_value(
+        "fairway:calibrated_prefill_seconds", {**labels, "prompt_tokens": "32768"}
+    ) is None
+
+
+def test_off_by_default() -> None:
+    from fairway.vllm.config import FairwayOptions
+
+    options = FairwayOptions.resolve({})
+    assert getattr(options, "self_calibrate", False) is False
+    scheduler = SimpleNamespace(
+        fairway_options=options, fairway_policy=FairwayPolicy(), fairway_metrics=None,
+        vllm_config=SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_batched_tokens=2048),
+            model_config=SimpleNamespace(max_model_len=4096),
+        ),
+    )
+    assert calibrate.for_scheduler(scheduler) is None
+    scheduler.fairway_options = SimpleNamespace(self_calibrate=True)
+    made = calibrate.for_scheduler(scheduler)
+    assert made is not None and made.calibrator.chunk_tokens == 2048
+    assert made.policy is scheduler.fairway_policy and made.max_model_len == 4096
+
+
+def _has_option() -> bool:
+    from fairway.vllm.config import OPTION_DEFAULTS
+
+    return "self_calibrate" in OPTION_DEFAULTS
+
+
+@pytest.mark.skipif(not _has_option(), reason="self_calibrate is not wired into config.py yet")
+def test_option_is_a_serving_option() -> None:
+    from fairway.vllm.config import FairwayOptions
+
+    assert FairwayOptions.resolve({}).self_calibrate is False
+    assert FairwayOptions.resolve({"self_calibrate": True}).self_calibrate is True
+    assert FairwayOptions.resolve({}, {"FAIRWAY_SELF_CALIBRATE": "true"}).self_calibrate is True

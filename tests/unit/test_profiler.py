@@ -1,0 +1,298 @@
+"""`fairway profile` against a stub OpenAI-compatible server on 127.0.0.1 (its own thread and loop).
+
+The stub sleeps a + b*L seconds before the first token of an L-token prompt and lists a
+`max_model_len`, so the measured table can be compared with the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from aiohttp import web
+
+from fairway import cli, profile, profiler
+from fairway.profiler import ProfilerError, ProfileSettings
+
+pytestmark = pytest.mark.timeout(120)
+
+A_S, B_S = 0.02, 1e-4  # the stub's prefill time: a + b*L
+MAX_MODEL_LEN = 1024
+LENGTHS = (64, 256, 512)
+
+
+@dataclass
+class Stub:
+    """A stub server's settings and what it received."""
+
+    status: int = 200
+    max_model_len: int | None = MAX_MODEL_LEN
+    url: str = ""
+    received: list[dict] = field(default_factory=list)
+
+
+STUB = web.AppKey("stub", Stub)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    stub = request.app[STUB]
+    body = await request.json()
+    stub.received.append(body)
+    if stub.status != 200:
+        return web.Response(status=stub.status, text='{"error": {"message": "boom"}}')
+    await asyncio.sleep(A_S + B_S * len(body["prompt"]))
+    choice = {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
+    if not body.get("stream"):
+        return web.json_response(choice)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(f"data: {json.dumps(choice)}\n\ndata: [DONE]\n\n".encode())
+    return resp
+
+
+async def _models(request: web.Request) -> web.Response:
+    card: dict = {"id": "stub-model", "object": "model"}
+    if request.app[STUB].max_model_len is not None:
+        card["max_model_len"] = request.app[STUB].max_model_len
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def _version(request: web.Request) -> web.Response:
+    return web.json_response({"version": "0.0.stub"})
+
+
+@contextlib.contextmanager
+def run_stub(stub: Stub) -> Iterator[Stub]:
+    """Serve `stub` in a thread (so the client's timing cannot slow it down)."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: dict = {}
+
+    async def start() -> None:
+        app = web.Application()
+        app[STUB] = stub
+        app.router.add_post("/v1/completions", _completions)
+        app.router.add_get("/v1/models", _models)
+        app.router.add_get("/version", _version)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        stub.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        holder["runner"] = runner
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield stub
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[Stub]:
+    with run_stub(Stub()) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def outcome(stub: Stub) -> profiler.ProfileOutcome:
+    stub.received.clear()
+    settings = ProfileSettings(lengths=LENGTHS, repeats=3, warmup_rounds=1)
+    run = profiler.measure(stub.url + "/v1/", settings)
+    return profiler.build_profile(run, hardware="unknown", hardware_detected=False)
+
+
+def test_table_is_valid_non_decreasing_and_near_the_truth(outcome) -> None:
+    table = outcome.profile
+    assert [n for n, _ in table.points] == list(LENGTHS)
+    times = [t for _, t in table.points]
+    assert times == sorted(times)
+    for n, t in table.points:
+        truth = A_S + B_S * n
+        # Client-side: the truth plus the local round trip (a few ms on a busy box).
+        assert truth * 0.98 <= t <= truth * 1.3 + 0.01, (n, t, truth)
+    reloaded = profile.from_json(json.loads(json.dumps(table.to_json())))
+    assert reloaded.points == table.points
+
+
+def test_metadata_says_what_was_measured(outcome) -> None:
+    meta = outcome.profile.metadata
+    assert meta["source"] == "measured"
+    assert (meta["hardware"], meta["hardware_detected"]) == ("unknown", False)
+    assert (meta["model"], meta["vllm_version"], meta["max_model_len"]) == (
+        "stub-model", "0.0.stub", MAX_MODEL_LEN,
+    )
+    assert meta["repetitions"] == 3 and meta["warmup_rounds"] == 1
+    assert "max_tokens=1" in meta["method"] and "first response token" in meta["method"]
+    assert A_S * 0.98 <= meta["overhead_s"] <= A_S * 1.3 + 0.01  # the 1-token round trip
+    assert sorted(meta["samples_s"], key=int) == ["1", *map(str, LENGTHS)]
+    assert all(len(v) == 3 for v in meta["samples_s"].values())
+    assert meta["date"].endswith("+00:00")
+    assert set(meta["fit"]) >= {"a_s", "b_s_per_token", "c_s_per_token2"}
+
+
+def test_fit_follows_the_stub(outcome) -> None:
+    for n in LENGTHS:
+        truth = A_S + B_S * n
+        assert outcome.fit(n) == pytest.approx(truth, rel=0.3, abs=0.01)
+
+
+def test_requests_are_one_token_cache_proof_prompts(stub: Stub, outcome) -> None:
+    bodies = stub.received
+    # (1 + 3 lengths) x (1 warm-up + 3 repeats)
+    assert len(bodies) == 16
+    assert {b["max_tokens"] for b in bodies} == {1}
+    assert {b["model"] for b in bodies} == {"stub-model"}
+    assert all(b["stream"] is True for b in bodies)
+    prompts = [b["prompt"] for b in bodies]
+    assert sorted({len(p) for p in prompts}) == [1, *LENGTHS]
+    assert all(profiler.FIRST_TOKEN_ID <= t < profiler.DEFAULT_VOCAB_SIZE for p in prompts
+               for t in p)
+    heads = [tuple(p[:4]) for p in prompts if len(p) >= 4]
+    assert len(set(heads)) == len(heads)  # no two prompts share a first block
+
+
+def test_not_streaming_measures_too(stub: Stub) -> None:
+    settings = ProfileSettings(lengths=(128,), repeats=1, warmup_rounds=0, stream=False)
+    run = profiler.measure(stub.url, settings)
+    assert run.samples[0].median_s >= A_S + B_S * 128
+    assert stub.received[-1]["stream"] is False
+
+
+def test_default_ladder_doubles_up_to_the_longest_prompt() -> None:
+    assert profiler.default_lengths(1024) == [128, 256, 512, 1023]
+    assert profiler.default_lengths(1025) == [128, 256, 512, 1024]
+    assert profiler.default_lengths(100) == [99]
+
+
+def test_default_ladder_read_from_the_server(stub: Stub) -> None:
+    with httpx.Client() as client:
+        info = profiler.fetch_server_info(client, stub.url)
+    assert profiler.resolve_lengths(None, info) == [128, 256, 512, 1023]
+
+
+def test_server_error_is_a_clear_error() -> None:
+    with run_stub(Stub(status=500)) as s:
+        with pytest.raises(ProfilerError, match="HTTP 500") as err:
+            profiler.measure(s.url, ProfileSettings(lengths=(64,), repeats=1))
+        assert f"{s.url}/v1/completions" in str(err.value)
+
+
+def test_unreachable_url_is_a_clear_error() -> None:
+    from fairway.profile_commands import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ProfilerError, match="cannot reach the server") as err:
+        profiler.measure(url, ProfileSettings(lengths=(64,), repeats=1))
+    assert url in str(err.value)
+
+
+def test_length_above_max_model_len_is_a_clear_error(stub: Stub) -> None:
+    stub.received.clear()
+    with pytest.raises(ProfilerError, match="max model length is 1024") as err:
+        profiler.measure(stub.url, ProfileSettings(lengths=(512, 1024, 4096), repeats=1))
+    assert "1024, 4096" in str(err.value) and stub.url in str(err.value)
+    assert stub.received == []  # refused before sending anything
+
+
+def test_no_max_model_len_needs_lengths() -> None:
+    with run_stub(Stub(max_model_len=None)) as s, pytest.raises(ProfilerError, match="--lengths"):
+        profiler.measure(s.url, ProfileSettings(repeats=1))
+
+
+def test_non_decreasing_pools_violators() -> None:
+    points, adjusted = profiler.non_decreasing([(1, 1.0), (2, 3.0), (3, 2.0), (4, 4.0)])
+    assert points == [(1, 1.0), (2, 2.5), (3, 2.5), (4, 4.0)]
+    assert [(a.prompt_tokens, a.measured_s, a.stored_s) for a in adjusted] == [
+        (2, 3.0, 2.5), (3, 2.0, 2.5),
+    ]
+    assert profiler.non_decreasing([(1, 1.0), (2, 2.0)]) == ([(1, 1.0), (2, 2.0)], [])
+
+
+def test_fit_recovers_a_quadratic() -> None:
+    a, b, c = 0.01, 2e-5, 3e-9
+    points = [(n, a + b * n + c * n * n) for n in (128, 512, 2048, 8192, 32768)]
+    fit = profiler.fit_quadratic(points)
+    assert (fit.a_s, fit.b_s_per_token, fit.c_s_per_token2) == pytest.approx((a, b, c), rel=1e-6)
+    line = profiler.fit_quadratic(points[:2])
+    assert line.c_s_per_token2 == 0.0 and line(128) == pytest.approx(points[0][1])
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ProfilerError, match="repeats"):
+        ProfileSettings(repeats=0)
+    with pytest.raises(ProfilerError, match="lengths"):
+        ProfileSettings(lengths=(0, 5))
+    assert ProfileSettings(lengths=(512, 128, 128)).lengths == (128, 512)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_cli_writes_table_and_plot(stub: Stub, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "t.json"
+    code = cli.main(["profile", "--url", stub.url, "--lengths", "64,128", "--repeats", "2",
+                     "--warmup", "0", "-o", str(out), "--hardware", "stub box"])
+    assert code == 0
+    table = profile.load(out)
+    assert [n for n, _ in table.points] == [64, 128]
+    assert table.metadata["hardware"] == "stub box"
+    assert table.metadata["generated_by"].startswith("fairway profile --url http://127.0.0.1:")
+    assert out.with_suffix(".png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "fit: T(L) =" in printed and "overhead" in printed
+    # No silent overwrite.
+    assert cli.main(["profile", "--url", stub.url, "-o", str(out)]) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+
+
+def test_cli_errors_name_the_url(tmp_path: Path, capsys) -> None:
+    from fairway.profile_commands import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert cli.main(["profile", "--url", url, "-o", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fairway: error: cannot reach the server") and url in err
+
+
+def test_cli_rejects_vllm_args_without_model(tmp_path: Path, capsys) -> None:
+    code = cli.main(["profile", "--url", "http://127.0.0.1:1", "-o", str(tmp_path / "x.json"),
+                     "--", "--max-model-len", "512"])
+    assert code == 2
+    assert "need --model" in capsys.readouterr().err
+
+
+def test_cli_rejects_a_port_for_its_own_server(tmp_path: Path, capsys) -> None:
+    code = cli.main(["profile", "--model", "/nonexistent", "-o", str(tmp_path / "x.json"),
+                     "--", "--port", "8000"])
+    assert code == 2
+    assert "--port after `--`" in capsys.readouterr().err
+
+
+def test_command_line_reproduces_the_options() -> None:
+    from fairway.profile_commands import command_line
+
+    args = cli.build_parser().parse_args(
+        ["profile", "--model", "/m", "--lengths", "64,128", "--repeats", "2", "-o", "o.json",
+         "--", "--max-model-len", "512"]
+    )
+    assert command_line(args, ["--max-model-len", "512"]) == (
+        "fairway profile --model /m --lengths 64,128 --repeats 2 --warmup 1 -o o.json "
+        "-- --max-model-len 512"
+    )
