@@ -1,0 +1,150 @@
+"""`fairway bench` (virtual-clock replay of traces x policies) and `fairway replay` (live, HTTP).
+
+Thin shells: they parse flags into `fairway.replay.bench.BenchConfig` / `live.run_live` arguments
+and print where the results went. Heavy modules (vLLM, aiohttp, matplotlib) load in the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+_BENCH_HELP = (
+    "Replay traces under scheduling policies through vLLM's real scheduler on a virtual clock "
+    "(no GPU, no model): per policy and phase TTFT median/p90/p99/max, the six targets and "
+    "starvation flags, as Markdown, JSON and plots. With no arguments: the SEC spike traces "
+    "sec-a and sec-b under every registered policy."
+)
+
+
+def register(subparsers: Any) -> None:
+    """Add the `bench` and `replay` subcommands to the `fairway` parser."""
+    bench = subparsers.add_parser("bench", help="virtual-clock replay of traces x policies",
+                                  description=_BENCH_HELP)
+    bench.add_argument("--trace", action="append", default=None, metavar="FILE|PRESET",
+                       help="trace file or preset (repeatable; default: sec-a and sec-b); "
+                       "see `fairway trace list`")
+    bench.add_argument("--policy", action="append", default=None, metavar="NAME",
+                       help="policy (repeatable; default: every registered policy)")
+    bench.add_argument("--policy-arg", action="append", default=[], metavar="NAME.KEY=VALUE",
+                       help="a policy parameter, e.g. fairway.fast_weight=2 (repeatable)")
+    bench.add_argument("--profile", default=None, metavar="PATH_OR_NAME",
+                       help="prefill-time table of the simulated GPU (cost model and the "
+                       "policies' patience); default: the shipped A6000 / Llama-3.1-8B estimate")
+    bench.add_argument("--cache-fraction", type=float, default=0.3,
+                       help="KV cache size as a share of each trace's reusable content "
+                       "(default 0.3; never below the largest prompt plus a working set)")
+    bench.add_argument("--num-blocks", type=int, default=None,
+                       help="KV cache size in blocks of 16 tokens (overrides --cache-fraction)")
+    bench.add_argument("--out", default=None, metavar="DIR",
+                       help="output directory (default results/bench-<timestamp>; an existing "
+                       "non-empty one gets a -2, -3, ... suffix, never overwritten)")
+    bench.add_argument("--workers", type=int, default=2,
+                       help="local worker processes (default 2; 0 = in this process)")
+    bench.add_argument("--ray", default=None, metavar="ADDRESS",
+                       help="run the replays as Ray tasks: a cluster address (ray://host:10001, "
+                       "auto) or `local` to start Ray here; needs pip install 'vllm-fairway[ray]'")
+    bench.add_argument("--quick", action="store_true",
+                       help="shorten preset traces to a quarter of their phases (smoke tests)")
+    bench.add_argument("--trace-cache", default=None, metavar="DIR",
+                       help="reuse preset traces built earlier in DIR (and save new ones there)")
+    bench.add_argument("--fresh-processes", action="store_true",
+                       help="a new worker process for every replay (slower; isolation checks)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+    bench.set_defaults(handler=_bench)
+
+    replay = subparsers.add_parser(
+        "replay", help="live replay of a trace against an OpenAI-compatible server",
+        description="Send a trace's requests open-loop at their timestamps to a running server "
+        "(`fairway serve`, `vllm serve`, ...) and report TTFT like `fairway bench`.",
+    )
+    replay.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    replay.add_argument("--trace", required=True, metavar="FILE|PRESET",
+                        help="trace file or preset")
+    replay.add_argument("--time-scale", type=float, default=1.0,
+                        help="multiply every arrival time (0.5 = twice the rate; default 1)")
+    replay.add_argument("--model", default=None,
+                        help="served model name (default: the first one the server lists)")
+    replay.add_argument("--label", default="live",
+                        help="policy label in the report (the server's policy is not visible "
+                        "over HTTP; default: live)")
+    replay.add_argument("--timeout-s", type=float, default=None,
+                        help="per-request timeout in seconds (default: the live replay's, 600)")
+    replay.add_argument("--vocab-size", type=int, default=None,
+                        help="token ids are drawn below this; at most the model's vocabulary "
+                        "(default 32000; the tiny CPU model has 1024)")
+    replay.add_argument("--quick", action="store_true", help="shorten a preset trace")
+    replay.add_argument("--out", default=None, metavar="DIR",
+                        help="output directory (default results/replay-<timestamp>)")
+    replay.add_argument("--no-progress", action="store_true", help="no progress bar")
+    replay.set_defaults(handler=_replay)
+
+
+def _log_to_stderr() -> None:
+    """INFO from fairway.* on stderr (vLLM configures only its own logger)."""
+    root = logging.getLogger("fairway")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)
+
+
+def bench_config(args: argparse.Namespace) -> Any:
+    """The `BenchConfig` of parsed `fairway bench` flags."""
+    from fairway.replay.bench import DEFAULT_TRACES, BenchConfig
+
+    return BenchConfig(
+        traces=tuple(args.trace or DEFAULT_TRACES),
+        policies=tuple(args.policy or ()),
+        policy_args=tuple(args.policy_arg),
+        profile=args.profile,
+        cache_fraction=args.cache_fraction,
+        num_blocks=args.num_blocks,
+        out=args.out,
+        workers=args.workers,
+        ray=args.ray,
+        quick=args.quick,
+        trace_cache=args.trace_cache,
+        fresh_processes=args.fresh_processes,
+        progress=not args.no_progress,
+    )
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fairway.replay.bench import run_bench
+
+    _log_to_stderr()
+    outcome = run_bench(bench_config(args))
+    print(outcome.markdown)
+    print(f"wrote {len(outcome.results)} replays and the report to {outcome.out_dir} "
+          f"in {outcome.wall_s:.0f} s", file=sys.stderr)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from fairway.replay import live
+    from fairway.replay import results as results_io
+    from fairway.replay.bench import load_trace_spec, new_out_dir, trace_label, write_bench_report
+
+    _log_to_stderr()
+    trace = load_trace_spec(args.trace, quick=args.quick)
+    kwargs: dict[str, Any] = {"time_scale": args.time_scale, "progress": not args.no_progress}
+    if args.timeout_s is not None:
+        kwargs["timeout_s"] = args.timeout_s
+    if args.vocab_size is not None:
+        kwargs["vocab_size"] = args.vocab_size
+    out_dir = new_out_dir(args.out, "replay")
+    name = trace_label(args.trace, args.quick)
+    result = live.run_live(
+        trace, args.url, args.model, policy=args.label, trace_name=name,
+        out_path=out_dir / "replays" / f"{results_io.safe_name(name)}--"
+        f"{results_io.safe_name(args.label)}.json", **kwargs,
+    )
+    outcome = write_bench_report([result], out_dir, None, result.wall_s)
+    print(outcome.markdown)
+    print(f"wrote the live replay ({result.n_errors} errors) and its report to {out_dir}",
+          file=sys.stderr)
+    return 0
