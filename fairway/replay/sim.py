@@ -439,7 +439,7 @@ class _Loop:
         scheduler = self.scheduler
         output = scheduler.schedule()
         scheduled = self.probe.scheduled_tokens(output)
-        spans = _spans(scheduler, scheduled)
+        spans = self.probe.scheduled_spans(scheduler, scheduled)
         start = self.clock.now
         if spans:
             self.clock.advance(self.cost.step_s(
@@ -490,22 +490,6 @@ class _Loop:
         """Requests still without a result (none unless the loop was cut) get an error."""
         for r in self.requests:
             self.recorder.fail(r.request_id, "no first token when the replay ended")
-
-
-def _spans(scheduler: Any, scheduled: Mapping[str, int]) -> dict[str, tuple[int, int, int]]:
-    """request id -> (start, end, prompt tokens) of the positions each request computes this step.
-
-    Read after `schedule()`, which has already advanced `num_computed_tokens` by the scheduled
-    count, so the span is [computed - n, computed).
-    """
-    requests = scheduler.requests  # vLLM internal: Scheduler.requests
-    out = {}
-    for request_id, n in scheduled.items():
-        request = requests[request_id]
-        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
-        end = request.num_computed_tokens
-        out[request_id] = (end - n, end, request.num_prompt_tokens)
-    return out
 
 
 def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepCostModel,

@@ -104,6 +104,24 @@ def prefill_tokens(scheduler: Scheduler, output: SchedulerOutput) -> int:
     return total
 
 
+def scheduled_spans(
+    scheduler: Scheduler, scheduled: Mapping[str, int]
+) -> dict[str, tuple[int, int, int]]:
+    """request id -> (start, end, prompt tokens) of the positions each request computes this step.
+
+    Read after `schedule()`, which has already advanced `num_computed_tokens` by the scheduled
+    count, so the span is [computed - n, computed). Used by the virtual replay's cost model.
+    """
+    requests = scheduler.requests  # vLLM internal: Scheduler.requests
+    spans = {}
+    for request_id, n in scheduled.items():
+        request = requests[request_id]
+        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
+        end = request.num_computed_tokens
+        spans[request_id] = (end - n, end, request.num_prompt_tokens)
+    return spans
+
+
 def deferred_count(scheduler: Scheduler) -> int:
     """How many waiting requests vLLM skipped (blocked status etc.); bounds the admission scan."""
     return len(scheduler.deferred_waiting)  # vLLM internal: Scheduler.deferred_waiting
