@@ -1,15 +1,21 @@
-"""Fidelity check (skeleton): one scaled SEC trace, live against a server and on the virtual clock.
+"""Fidelity check: one scaled SEC trace, live against `fairway serve` and on the virtual clock.
 
     fairway tiny-model /tmp/tiny --max-len 8192          # once: the tiny CPU model
-    fairway profile --model /tmp/tiny -o tiny.json -- --max-model-len 8192 \
-        --max-num-batched-tokens 2048 --gpu-memory-utilization 0.15   # its measured T(L)
-    # let the script start `fairway serve` for each policy, replay live, then virtually:
-    python benchmarks/fidelity.py --profile tiny.json --serve /tmp/tiny [--policy fcfs ...] \
-        --serve-arg=--gpu-memory-utilization=0.15
+    # profile the served engine, then for each policy start `fairway serve`, replay live, stop
+    # it; then the virtual replay with the same table and engine settings:
+    python benchmarks/fidelity.py --reprofile --serve /tmp/tiny --quick \
+        --serve-arg=--gpu-memory-utilization=0.15 --out results/fidelity
+    # with a table measured earlier (`fairway profile --model /tmp/tiny -o tiny.json -- ARGS`):
+    python benchmarks/fidelity.py --profile tiny.json --serve /tmp/tiny [--policy fcfs ...]
     # or against a server already running (one policy: say which with --policy):
     python benchmarks/fidelity.py --profile tiny.json --url http://127.0.0.1:8000 --policy fairway
     # the virtual side only (no server), e.g. to check the set-up:
     python benchmarks/fidelity.py --profile tiny.json --virtual-only [--quick]
+
+`--reprofile` (with `--serve`) first runs `fairway profile --model MODEL_DIR` with the engine
+arguments the servers get (block size, step budget, `max_num_seqs`, model length, dummy weights,
+eager mode, `--serve-arg`s; not the KV block count, which depends on the trace and so on the
+table), writes `profile.json` (and its plot) into the output directory and uses it on both sides.
 
 The trace is a SEC preset built against the profile's capacity (`capacity_tps` at the step
 budget), so its loads mean the same stress on the profiled engine as on the GPU the paper's
@@ -18,10 +24,7 @@ on the server; default sized from the trace as in `fairway bench`), block size (
 attention refuses 16), step budget, `max_num_seqs`, the same table for the policies' patience,
 and the same token-id blocks (ids below the model's vocabulary). Prints, per policy and phase,
 the live and virtual TTFT median and p99 side by side with their ratios, and writes fidelity.md /
-fidelity.json and every replay.
-
-Status: a skeleton. The virtual side, the serve commands and the comparison table run here; a
-full live run (a measured table, one server start per policy) is for the step that finishes it.
+fidelity.json and every replay (plus each server's log).
 """
 
 from __future__ import annotations
@@ -62,10 +65,24 @@ def parse_args(argv: list[str] | None) -> Any:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--profile",
-        required=True,
+        default=None,
         metavar="PATH_OR_NAME",
-        help="T(L) table of the served engine (from `fairway profile`)",
+        help="T(L) table of the served engine (from `fairway profile`); required unless "
+        "--reprofile",
     )
+    parser.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="with --serve: measure the table first (`fairway profile --model`, same engine "
+        "arguments) into OUT/profile.json and use it",
+    )
+    parser.add_argument(
+        "--profile-lengths",
+        default="128,256,512,1024,2048,4096,8000",
+        metavar="N,N,...",
+        help="prompt lengths of --reprofile (default 128 ... 4096, 8000)",
+    )
+    parser.add_argument("--profile-repeats", type=int, default=3, help="--reprofile repeats")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server (one policy: give it with --policy)")
     where.add_argument(
@@ -124,7 +141,14 @@ def parse_args(argv: list[str] | None) -> Any:
         action="store_true",
         help="print the serve commands and run the virtual side only",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.reprofile and not args.serve:
+        parser.error("--reprofile needs --serve MODEL_DIR (the profiler starts the engine)")
+    if args.profile is None and not args.reprofile:
+        parser.error("give --profile PATH_OR_NAME, or --reprofile with --serve")
+    if args.profile is not None and args.reprofile:
+        parser.error("--profile and --reprofile exclude each other")
+    return args
 
 
 def scaled(trace: Trace, factor: float) -> Trace:
@@ -137,20 +161,11 @@ def scaled(trace: Trace, factor: float) -> Trace:
     return Trace(trace.header, reqs)
 
 
-def serve_command(args: Any, policy: str, num_blocks: int) -> list[str]:
-    """`fairway serve` with the engine settings the virtual replay uses."""
-    import fairway.policies as policies
-
-    cmd = [sys.executable, "-m", "fairway.cli", "serve", args.serve, "--policy", policy]
-    if "profile" in policies.param_names(policy):
-        cmd += ["--profile", args.profile]
-    return cmd + [
-        "--port",
-        str(args.port),
+def engine_args(args: Any) -> list[str]:
+    """vLLM arguments shared by the profiler's server and every policy's server."""
+    return [
         "--block-size",
         str(args.block_size),
-        "--num-gpu-blocks-override",
-        str(num_blocks),
         "--max-num-batched-tokens",
         str(args.max_num_batched_tokens),
         "--max-num-seqs",
@@ -162,6 +177,59 @@ def serve_command(args: Any, policy: str, num_blocks: int) -> list[str]:
         "--enforce-eager",
         *args.serve_arg,
     ]
+
+
+def serve_command(args: Any, policy: str, num_blocks: int) -> list[str]:
+    """`fairway serve` with the engine settings the virtual replay uses."""
+    import fairway.policies as policies
+
+    cmd = [sys.executable, "-m", "fairway.cli", "serve", args.serve, "--policy", policy]
+    if "profile" in policies.param_names(policy):
+        cmd += ["--profile", args.profile]
+    return cmd + [
+        "--port",
+        str(args.port),
+        "--num-gpu-blocks-override",
+        str(num_blocks),
+        *engine_args(args),
+    ]
+
+
+def profile_command(args: Any, out_dir: Path) -> list[str]:
+    """`fairway profile --model` with the servers' engine arguments, writing OUT/profile.json."""
+    return [
+        sys.executable,
+        "-m",
+        "fairway.cli",
+        "profile",
+        "--model",
+        args.serve,
+        "-o",
+        str(out_dir / "profile.json"),
+        "--repeats",
+        str(args.profile_repeats),
+        "--lengths",
+        args.profile_lengths,
+        "--vocab-size",
+        str(args.vocab_size),
+        "--server-log",
+        str(out_dir / "profile-serve.log"),
+        "--startup-timeout",
+        str(args.startup_timeout_s),
+        "--",
+        *engine_args(args),
+    ]
+
+
+def reprofile(args: Any, out_dir: Path) -> str:
+    """Run the profiler (its output goes to OUT/profile.log); the table's path."""
+    cmd = profile_command(args, out_dir)
+    print("profiling:", " ".join(cmd), file=sys.stderr)
+    with (out_dir / "profile.log").open("w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        raise RuntimeError(f"fairway profile failed (exit {rc}); see {out_dir / 'profile.log'}")
+    return str(out_dir / "profile.json")
 
 
 def wait_ready(url: str, process: subprocess.Popen[Any], timeout_s: float) -> None:
@@ -273,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.url and len(policies) != 1:
         raise FairwayConfigError("--url replays one server: give its policy with one --policy")
     started = time.perf_counter()
+    out_dir = new_out_dir(args.out, NAME)
+    profile_wall_s = None
+    if args.reprofile:
+        t0 = time.perf_counter()
+        args.profile = reprofile(args, out_dir)
+        profile_wall_s = round(time.perf_counter() - t0, 3)
     profile = load(args.profile)
     capacity = args.capacity_tps or profile.capacity_tps(args.max_num_batched_tokens)
     trace = scaled(
@@ -286,7 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    out_dir = new_out_dir(args.out, NAME)
     raw_dir = out_dir / "replays"
     raw_dir.mkdir(parents=True, exist_ok=True)
     virtual = []
@@ -304,28 +377,39 @@ def main(argv: list[str] | None = None) -> int:
         results_io.save(result, raw_dir / f"virtual--{results_io.file_name(result)}")
         virtual.append(result)
     live: list[ReplayResult] = []
+    live_wall_s: dict[str, float] = {}
     if args.dry_run or args.virtual_only:
         if args.serve:
             for policy in policies:
                 print(" ".join(serve_command(args, policy, sizing.num_blocks)))
     else:
-        live = [live_replay(args, trace, name, p, sizing.num_blocks, raw_dir) for p in policies]
+        for policy in policies:
+            t0 = time.perf_counter()
+            live.append(live_replay(args, trace, name, policy, sizing.num_blocks, raw_dir))
+            live_wall_s[policy] = round(time.perf_counter() - t0, 3)
     if live:
         table, rows = comparison(live, virtual)
     else:
         table = report.to_markdown(report.summarize(virtual))
         rows = []
+    env = environment_info()
     header = (
-        f"_fidelity: {name}, {len(trace)} requests, capacity {capacity:.0f} tokens/s, "
-        f"{sizing.num_blocks} KV blocks, profile {args.profile}"
-        f"{'' if live else ' — virtual side only'}._\n\n"
+        f"_fidelity: {env['date']}, {env['cpu_count']}-core {env['machine']} CPU "
+        f"({env['processor']}), {env['vllm']}; {name}, {len(trace)} requests, capacity "
+        f"{capacity:.0f} tokens/s, {sizing.num_blocks} KV blocks of {args.block_size} tokens, "
+        f"profile {args.profile}{' (measured by --reprofile)' if args.reprofile else ''}"
+        f"{'' if live else ' — virtual side only'}; "
+        f"{time.perf_counter() - started:.0f} s wall._\n\n"
     )
     (out_dir / f"{NAME}.md").write_text(header + table, encoding="utf-8")
     write_json(
         out_dir / f"{NAME}.json",
         {
             "args": vars(args),
-            "environment": environment_info(),
+            "environment": env,
+            "profile_wall_s": profile_wall_s,
+            "live_wall_s": live_wall_s,
+            "profile_table": profile.to_json(),
             "rows": rows,
             "kv_cache": sizing.to_json(),
             "capacity_tps": capacity,

@@ -61,7 +61,10 @@ class FairwayPolicy(Policy):
     smaller ledger places its next request not yet placed and adds that request's (weighted) work;
     ties go to Fast. A request placed by one lane is skipped by the other. Consequence: the work
     placed ahead of the oldest request M is at most M.remaining / fast_weight plus one request's
-    overshoot, so no request starves however many cache hits keep arriving.
+    overshoot. The bound holds per step (ledgers reset every step): M starts in this step only if
+    that is less than the step's token budget. A miss of fast_weight x budget tokens or more gets
+    nothing while hits keep filling the steps, until its wait/SLO term lifts it in the Fast lane
+    (benchmarks/e3_flood.py measures this).
 
     Worked example: five hits of 300 uncached tokens and an older 6,000-token miss M. Fast ledger
     1,200 (4 x 300) vs Fair ledger 6,000: H1..H4 bring Fast to 6,000, the tie goes to Fast (H5,

@@ -107,7 +107,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "flood": {
         "family": "flood", "seed": 6, "shape": "flood", "params": {},
-        "description": "60 s backlog of 8k-token misses, 90 s flood of cached requests, calm",
+        "description": "one warm-up request computes the shared prefix at t = 0, 60 s backlog of "
+        "8k-token misses, 90 s flood of cached requests, calm",
     },
 }
 

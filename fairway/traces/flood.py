@@ -9,8 +9,20 @@ Two kinds of request:
 The phase decides the mix: ``backlog`` sends only misses, ``flood`` only hits, any other phase
 (``calm`` in the default `flood` shape) misses with probability `calm_miss_fraction`. A
 cache-greedy order serves the flood first and starves the backlog; FCFS serves the backlog and
-makes the cheap flood wait. Loads default to the ``ideal`` work basis, since the flood is meant
-to be cheap: its phase rate is load x capacity / (expected uncached tokens of the phase's mix).
+makes the cheap flood wait.
+
+**Warm-up**: before the shape's arrivals, `warmup_requests` hit-shaped requests (phase
+``warmup``, tag ``kind=warmup``) arrive at t = 0, `warmup_spacing_s`, 2 x `warmup_spacing_s`, ...,
+the k-th carrying shared prefix k mod `num_prefixes` and its own unique suffix. The engine is
+idle at t = 0, so the first one computes the flood's prefix before the backlog of misses builds:
+when the flood starts, its requests are cache hits (as long as the KV cache has kept the prefix;
+under LRU eviction that needs a cache that outlasts the backlog's misses). Without it the first
+flood request is itself a miss queued behind the backlog and no order sees a hit until it runs.
+They are extra requests: the phase rates, and so every other request (arrival, blocks, id), are
+the same as with ``warmup_requests=0``.
+
+Loads default to the ``ideal`` work basis, since the flood is meant to be cheap: its phase rate
+is load x capacity / (expected uncached tokens of the phase's mix).
 
 Block ids of unique content carry the seed (``fl-<seed>-...``), so two flood traces never share
 by accident on one server.
@@ -19,6 +31,7 @@ by accident on one server.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +60,11 @@ class FloodParams:
     """Share of misses in phases other than backlog and flood."""
     work_basis: str = "ideal"
     """How the request rate counts work: ideal or prompt (see fairway.traces.shapes)."""
+    warmup_requests: int = 1
+    """Hit-shaped requests at the start (t = 0, then every `warmup_spacing_s`) that compute the
+    shared prefixes before the backlog builds; 0: none (the flood's prefix starts cold)."""
+    warmup_spacing_s: float = 0.5
+    """Seconds between two warm-up requests."""
     max_requests: int = 20000
     """Refuse to build more requests than this."""
 
@@ -56,6 +74,10 @@ class FloodParams:
             raise TraceError("prefix_tokens, suffix_tokens, miss_tokens, num_prefixes must be >= 1")
         if not 0 <= self.calm_miss_fraction <= 1:
             raise TraceError(f"calm_miss_fraction must be in [0, 1], got {self.calm_miss_fraction}")
+        if self.warmup_requests < 0:
+            raise TraceError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
+        if not (math.isfinite(self.warmup_spacing_s) and self.warmup_spacing_s >= 0):
+            raise TraceError(f"warmup_spacing_s must be >= 0, got {self.warmup_spacing_s}")
 
     def miss_fraction(self, phase: str) -> float:
         """Probability that a request of `phase` is a miss."""
@@ -75,13 +97,15 @@ def build_flood(
     work = {p.name: params.expected_work(p.name) for p in shape.phases}
     rates = phase_rates(shape, capacity_tps, work)
     times = poisson_arrivals(shape, rates, np.random.default_rng([seed, 1]))
-    if len(times) > params.max_requests:
+    if len(times) + params.warmup_requests > params.max_requests:
         raise TraceError(
-            f"{family}: the shape needs {len(times)} requests, more than max_requests="
+            f"{family}: the shape needs {len(times)} requests (+ {params.warmup_requests} "
+            f"warm-up), more than max_requests="
             f"{params.max_requests}; lower the load or raise max_requests"
         )
     draws = np.random.default_rng([seed, 2]).random((len(times), 2))
-    reqs = []
+    warmup = _warmup_requests(family, seed, params)
+    shaped = []
     for i, t in enumerate(times):
         t = round(float(t), 6)
         phase = shape.phase_at(t)
@@ -93,9 +117,29 @@ def build_flood(
             blocks = [(f"fl-prefix-{j}-{params.prefix_tokens}", params.prefix_tokens),
                       (f"fl-{seed}-suffix-{i}", params.suffix_tokens)]
             tags = {"kind": "hit", "prefix": j}
-        reqs.append(make_request(f"{family}-{i:05d}", t, blocks, phase=phase, tags=tags))
+        shaped.append(make_request(f"{family}-{i:05d}", t, blocks, phase=phase, tags=tags))
+    # Merge by arrival (stable: at equal times a warm-up request goes first).
+    reqs = sorted([*warmup, *shaped], key=lambda r: r.arrival_s)
     info = {
         "work_basis": params.work_basis,
         "work_per_request_tokens": {k: round(v, 3) for k, v in sorted(work.items())},
+        "warmup": [
+            {"request_id": r.request_id, "arrival_s": r.arrival_s, "prefix": r.tags["prefix"]}
+            for r in warmup
+        ],
     }
     return reqs, info
+
+
+def _warmup_requests(family: str, seed: int, params: FloodParams) -> list[TraceRequest]:
+    """The warm-up requests: prefix k mod num_prefixes and a unique suffix, k x spacing apart."""
+    out = []
+    for k in range(params.warmup_requests):
+        j = k % params.num_prefixes
+        blocks = [(f"fl-prefix-{j}-{params.prefix_tokens}", params.prefix_tokens),
+                  (f"fl-{seed}-warmup-{k}", params.suffix_tokens)]
+        out.append(make_request(
+            f"{family}-warmup-{k:02d}", k * params.warmup_spacing_s, blocks, phase="warmup",
+            tags={"kind": "warmup", "prefix": j},
+        ))
+    return out

@@ -27,7 +27,7 @@ def test_build_then_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["trace", "stats", str(out), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["num_requests"] == len(trace)
-    assert {p["phase"] for p in stats["phases"]} == {"backlog", "flood", "calm"}
+    assert {p["phase"] for p in stats["phases"]} == {"warmup", "backlog", "flood", "calm"}
 
     assert main(["trace", "stats", str(out), "--window-s", "5"]) == 0
     text = capsys.readouterr().out

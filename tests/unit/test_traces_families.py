@@ -53,6 +53,9 @@ def _assert_phases_match_windows(trace: Trace) -> None:
     windows = trace.header.phases
     assert windows == shape.windows()
     for r in trace.requests:
+        if r.tags.get("kind") == "warmup":  # flood's warm-up requests precede the shape
+            assert r.phase == "warmup"
+            continue
         inside = [w for w in windows if w.start_s <= r.arrival_s < w.end_s]
         expected = inside[0].name if inside else windows[-1].name
         assert r.phase == expected, (r.request_id, r.arrival_s, r.phase)
@@ -83,6 +86,7 @@ def test_flood_phases_and_mix() -> None:
     kinds = defaultdict(set)
     for r in trace.requests:
         kinds[r.phase].add(r.tags["kind"])
+    assert kinds["warmup"] == {"warmup"}
     assert kinds["backlog"] == {"miss"}
     assert kinds["flood"] == {"hit"}
     assert kinds["calm"] == {"miss", "hit"}
@@ -92,6 +96,45 @@ def test_flood_phases_and_mix() -> None:
     # The flood is cheap per request, so it brings many more requests than the backlog.
     n = {p: sum(r.phase == p for r in trace.requests) for p in ("backlog", "flood")}
     assert n["flood"] > 10 * n["backlog"]
+
+
+def test_flood_warmup_precedes_backlog_and_shares_prefix() -> None:
+    shape = "backlog:1.3:20,flood:0.9:20,calm:0.3:20"
+    trace = build_trace("flood", 1, shape, CAPACITY)
+    assert trace.header.params["warmup_requests"] == 1  # the default, recorded in the header
+    first, *rest = trace.requests
+    assert first.tags == {"kind": "warmup", "prefix": 0} and first.phase == "warmup"
+    assert first.arrival_s == 0.0
+    misses = [r for r in rest if r.tags["kind"] == "miss" and r.phase == "backlog"]
+    assert misses and first.arrival_s < min(r.arrival_s for r in misses)
+    hits = [r for r in rest if r.tags["kind"] == "hit"]
+    assert {r.blocks[0] for r in hits} == {first.blocks[0]}  # the flood's shared prefix
+    assert first.blocks[1] not in {r.blocks[1] for r in hits}  # its own suffix
+    assert trace.header.info["warmup"] == [
+        {"request_id": first.request_id, "arrival_s": 0.0, "prefix": 0}
+    ]
+    # The warm-up requests are extra: the rest of the trace is the one without them.
+    cold = build_trace("flood", 1, shape, CAPACITY, warmup_requests=0)
+    assert cold.requests == tuple(rest)
+    assert cold.header.info["warmup"] == []
+
+
+def test_flood_warmup_several_prefixes_and_determinism() -> None:
+    shape = "backlog:1.3:20,flood:0.9:20,calm:0.3:20"
+    kwargs = {"num_prefixes": 2, "warmup_requests": 3, "warmup_spacing_s": 0.25}
+    trace = build_trace("flood", 2, shape, CAPACITY, **kwargs)
+    assert trace_bytes(trace) == trace_bytes(build_trace("flood", 2, shape, CAPACITY, **kwargs))
+    warm = [r for r in trace.requests if r.tags["kind"] == "warmup"]
+    assert [r.arrival_s for r in warm] == [0.0, 0.25, 0.5]
+    assert [r.tags["prefix"] for r in warm] == [0, 1, 0]  # each prefix warmed in turn
+    prefixes = {r.tags["prefix"]: r.blocks[0] for r in trace.requests if r.tags["kind"] == "hit"}
+    assert all(r.blocks[0] == prefixes[r.tags["prefix"]] for r in warm)
+    ids = [r.request_id for r in trace.requests]
+    assert len(set(ids)) == len(ids)
+    with pytest.raises(TraceError, match="warmup_requests"):
+        build_trace("flood", 2, shape, CAPACITY, warmup_requests=-1)
+    with pytest.raises(TraceError, match="warmup_spacing_s"):
+        build_trace("flood", 2, shape, CAPACITY, warmup_spacing_s=-1)
 
 
 def test_phase_labels_match_shape_windows() -> None:
@@ -138,6 +181,13 @@ def test_string_params_are_converted() -> None:
 def test_flood_preset_builds() -> None:
     trace = build_preset("flood", shape="backlog:1.3:10,flood:0.9:10,calm:0.3:10")
     assert trace.header.preset == "flood" and trace.header.seed == PRESETS["flood"]["seed"]
+    # The preset starts warm: its first request computes the flood's prefix before any miss.
+    assert trace.header.params["warmup_requests"] >= 1
+    assert trace.header.params["miss_tokens"] == 8192
+    first = trace.requests[0]
+    assert first.tags["kind"] == "warmup" and first.arrival_s == 0.0
+    hit = next(r for r in trace.requests if r.tags["kind"] == "hit")
+    assert first.blocks[0] == hit.blocks[0]
 
 
 # ---------------------------------------------------------------------------------- SEC
