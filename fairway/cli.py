@@ -15,14 +15,12 @@ from collections.abc import Sequence
 from fairway import __version__
 from fairway.errors import FairwayError
 
-#: Modules that contribute subcommands, in `--help` order. A module listed here that does not
-#: exist yet is skipped, so areas can land independently.
+#: Modules that contribute subcommands, in `--help` order.
 COMMAND_MODULES = (
     "fairway.replay.commands",   # bench, replay
     "fairway.profile_commands",  # profile
     "fairway.vllm.commands",     # serve, tiny-model
     "fairway.traces.commands",   # trace, data
-    "fairway.policies.commands",  # inspect
 )
 
 
@@ -35,13 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fairway {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 
