@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
+from stub_server import serve_app
 
 from fairway.errors import FairwayConfigError, TraceError
 from fairway.replay import results
@@ -80,37 +81,14 @@ async def _models(request: web.Request) -> web.Response:
 
 @pytest.fixture(scope="module")
 def stub() -> Iterator[Stub]:
-    """The stub server, running in a thread so the client's loop cannot slow it down."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict = {}
-
-    async def start() -> None:
-        app = web.Application()
-        app[STUB] = holder["stub"] = Stub("")
-        app.router.add_post("/v1/completions", _completions)
-        app.router.add_get("/v1/models", _models)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        holder["stub"].url = f"http://127.0.0.1:{port}"
-        holder["runner"] = runner
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(10)
-    yield holder["stub"]
-    asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(5)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    """The stub server (in a thread, so the client's loop cannot slow it down)."""
+    app = web.Application()
+    app[STUB] = stub = Stub("")
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    with serve_app(app) as url:
+        stub.url = url
+        yield stub
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from aiohttp import web
+from stub_server import serve_app
 
 from fairway import cli, profile, profiler
 from fairway.profiler import ProfilerError, ProfileSettings
@@ -70,38 +70,15 @@ async def _version(request: web.Request) -> web.Response:
 
 @contextlib.contextmanager
 def run_stub(stub: Stub) -> Iterator[Stub]:
-    """Serve `stub` in a thread (so the client's timing cannot slow it down)."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict = {}
-
-    async def start() -> None:
-        app = web.Application()
-        app[STUB] = stub
-        app.router.add_post("/v1/completions", _completions)
-        app.router.add_get("/v1/models", _models)
-        app.router.add_get("/version", _version)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        stub.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        holder["runner"] = runner
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(10)
-    try:
+    """Serve `stub` (in a thread, so the client's timing cannot slow it down)."""
+    app = web.Application()
+    app[STUB] = stub
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/version", _version)
+    with serve_app(app) as url:
+        stub.url = url
         yield stub
-    finally:
-        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(5)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
 
 
 @pytest.fixture(scope="module")
