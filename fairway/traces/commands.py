@@ -1,4 +1,4 @@
-"""`fairway trace build|stats|list` and `fairway data download|path`: shells over the library."""
+"""`fairway trace build|stats|list|export` and `fairway data download|path`: thin shells."""
 
 from __future__ import annotations
 
@@ -40,6 +40,23 @@ def register(subparsers: Any) -> None:
     stats.add_argument("--window-s", type=float, default=10.0,
                        help="arrival window of requests queued together, for the work spread")
     stats.set_defaults(handler=_stats)
+
+    export = tsub.add_parser(
+        "export", help="write a trace for another client (vLLM's `vllm bench serve`)",
+        description="Write FILE in another format. vllm-timed-trace: the JSONL that `vllm bench "
+        "serve --dataset-name timed_trace` replays; every prompt is cut into chunks of "
+        "--chunk-tokens tokens, equal content gets equal hash ids, so shared prefixes stay "
+        "shared (see fairway/traces/export.py).",
+    )
+    export.add_argument("file")
+    export.add_argument("--format", dest="fmt", default="vllm-timed-trace",
+                        choices=["vllm-timed-trace"], help="output format")
+    export.add_argument("--chunk-tokens", type=int, default=16,
+                        help="tokens per hash id (pass the same value to vLLM's "
+                        "--timed-trace-chunk-hash-size; at most the server's KV block size)")
+    export.add_argument("-o", "--output", required=True, help="output file (.jsonl)")
+    export.add_argument("--force", action="store_true", help="overwrite an existing output")
+    export.set_defaults(handler=_export)
 
     lst = tsub.add_parser("list", help="families with their parameters, presets and shapes")
     lst.set_defaults(handler=_list)
@@ -97,6 +114,22 @@ def _stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats.to_json(), indent=2))
     else:
         print(format_stats(stats))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from fairway.traces.export import bench_command, export_trace
+    from fairway.traces.format import load_trace
+
+    summary = export_trace(
+        load_trace(args.file), args.output, args.fmt, args.chunk_tokens, force=args.force
+    )
+    print(
+        f"wrote {summary.num_requests} requests ({summary.num_chunk_ids} distinct "
+        f"{summary.chunk_tokens}-token chunks) to {summary.path}; replay it with:\n  "
+        + bench_command(summary),
+        file=sys.stderr,
+    )
     return 0
 
 
