@@ -39,7 +39,6 @@ prefill-node model; decode on a GPU is memory-bound and is not what the tables m
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,8 +50,6 @@ from fairway.errors import ProfileError
 
 if TYPE_CHECKING:
     from fairway.profiling.table import PrefillProfile
-
-logger = logging.getLogger(__name__)
 
 #: A prompt span computed in one step: positions [start, end) of one request.
 Span = tuple[int, int]
