@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
+import shlex
 import subprocess
 import sys
 import time
@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fairway import supervisor  # noqa: E402
 from fairway.errors import FairwayConfigError  # noqa: E402
 from fairway.replay import report  # noqa: E402
 from fairway.replay import results as results_io  # noqa: E402
@@ -130,7 +131,8 @@ def parse_args(argv: list[str] | None) -> Any:
     )
     parser.add_argument("--block-size", type=int, default=BLOCK_SIZE,
                         help=f"KV block size on both sides (default {BLOCK_SIZE}: CPU attention)")
-    parser.add_argument("--port", type=int, default=8011, help="port for --serve")
+    parser.add_argument("--port", type=int, default=None,
+                        help="port for --serve (default: a free one)")
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `fairway serve` (repeatable), e.g. "
                         "--serve-arg=--gpu-memory-utilization=0.15 on a small CPU machine")
@@ -179,20 +181,18 @@ def engine_args(args: Any) -> list[str]:
     ]
 
 
-def serve_command(args: Any, policy: str, num_blocks: int) -> list[str]:
-    """`fairway serve` with the engine settings the virtual replay uses."""
+def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], list[str]]:
+    """`fairway serve` with the engine settings the virtual replay uses: (command, arguments).
+
+    The supervisor puts `--host 127.0.0.1 --port PORT` between the two.
+    """
     import fairway.policies as policies
 
-    cmd = [sys.executable, "-m", "fairway.cli", "serve", args.serve, "--policy", policy]
+    command = [sys.executable, "-m", "fairway.cli", "serve", args.serve]
+    rest = ["--policy", policy]
     if "profile" in policies.param_names(policy):
-        cmd += ["--profile", args.profile]
-    return cmd + [
-        "--port",
-        str(args.port),
-        "--num-gpu-blocks-override",
-        str(num_blocks),
-        *engine_args(args),
-    ]
+        rest += ["--profile", args.profile]
+    return command, [*rest, "--num-gpu-blocks-override", str(num_blocks), *engine_args(args)]
 
 
 def profile_command(args: Any, out_dir: Path) -> list[str]:
@@ -232,35 +232,6 @@ def reprofile(args: Any, out_dir: Path) -> str:
     return str(out_dir / "profile.json")
 
 
-def wait_ready(url: str, process: subprocess.Popen[Any], timeout_s: float) -> None:
-    """Poll GET /v1/models until the server answers (or died, or the time is up)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with code {process.returncode} at start-up")
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=5.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2.0)
-    raise TimeoutError(f"no answer from {url} within {timeout_s:.0f} s")
-
-
-def stop(process: subprocess.Popen[Any]) -> None:
-    """SIGINT (vLLM shuts down cleanly), then SIGKILL if it lingers."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def live_replay(
     args: Any, trace: Trace, name: str, policy: str, num_blocks: int, raw_dir: Path
 ) -> ReplayResult:
@@ -276,18 +247,14 @@ def live_replay(
     }
     if args.url:
         return run_live(trace, args.url, **kwargs)
-    url = f"http://127.0.0.1:{args.port}"
-    cmd = serve_command(args, policy, num_blocks)
-    log = (raw_dir / f"serve-{policy}.log").open("w")
-    process = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}
-    )
-    try:
-        wait_ready(url, process, args.startup_timeout_s)
-        return run_live(trace, url, **kwargs)
-    finally:
-        stop(process)
-        log.close()
+    command, serve_args = serve_command(args, policy, num_blocks)
+    with supervisor.running_server(
+        command, serve_args, log_path=raw_dir / f"serve-{policy}.log", port=args.port,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}, startup_timeout_s=args.startup_timeout_s,
+        name=f"fairway serve --policy {policy}",
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    ) as server:
+        return run_live(trace, server.url, **kwargs)
 
 
 def comparison(live: list[ReplayResult], virtual: list[ReplayResult]) -> tuple[str, list[dict]]:
@@ -333,7 +300,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fairway.profile import load
+    from fairway.profiling.table import load
     from fairway.replay.sim import replay, size_cache
 
     args = parse_args(argv)
@@ -381,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run or args.virtual_only:
         if args.serve:
             for policy in policies:
-                print(" ".join(serve_command(args, policy, sizing.num_blocks)))
+                command, serve_args = serve_command(args, policy, sizing.num_blocks)
+                port = "PORT" if args.port is None else str(args.port)
+                print(shlex.join([*command, "--host", "127.0.0.1", "--port", port, *serve_args]))
     else:
         for policy in policies:
             t0 = time.perf_counter()

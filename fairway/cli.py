@@ -18,7 +18,7 @@ from fairway.errors import FairwayError
 #: Modules that contribute subcommands, in `--help` order.
 COMMAND_MODULES = (
     "fairway.replay.commands",   # bench, replay
-    "fairway.profile_commands",  # profile
+    "fairway.profiling.commands",  # profile
     "fairway.vllm.commands",     # serve, tiny-model
     "fairway.traces.commands",   # trace, data
 )

@@ -4,7 +4,7 @@ T(L) = overhead_s + FLOPs(L) / (mfu * peak_flops), with
 FLOPs(L) = 2 * params * L + 2 * layers * hidden * L^2   (dense matmuls + causal attention).
 """
 
-from fairway.profile import from_points
+from fairway.profiling.table import from_points
 
 PARAMS = 8.03e9  # Llama-3.1-8B parameters
 LAYERS = 32

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from fairway.policies.base import Policy, QueuedRequest, register_policy
-from fairway.profile import PrefillProfile, load
+from fairway.profiling.table import PrefillProfile, load
 
 WaitMode = Literal["relative", "absolute"]
 

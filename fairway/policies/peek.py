@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from fairway.errors import ProfileError
 from fairway.policies.base import Policy, QueuedRequest, register_policy
-from fairway.profile import PrefillProfile, default_profile, load
+from fairway.profiling.table import PrefillProfile, default_profile, load
 
 
 @register_policy("peek")
@@ -34,8 +34,8 @@ class PEEKPolicy(Policy):
 
     Args:
         profile: the T(L) table: a `PrefillProfile`, a path or shipped table name (loaded with
-            `fairway.profile.load`), or None (default) for the shipped `default_profile()`. After
-            construction the field holds the loaded `PrefillProfile`.
+            `fairway.profiling.table.load`), or None (default) for the shipped
+            `default_profile()`. After construction the field holds the loaded `PrefillProfile`.
 
     Caller's contract: no state; `on_step_end` is a no-op. Use the profile of the GPU and model
     being served, as for Fairway.

@@ -1,1 +1,1 @@
-"""Shipped prefill-time tables (JSON, format in `fairway.profile`); see each file's metadata."""
+"""Shipped prefill-time tables (JSON; format in `fairway.profiling.table`); see their metadata."""

@@ -311,7 +311,7 @@ def replay_options(config: BenchConfig) -> dict[str, Any]:
     if config.num_blocks is not None:
         options["num_blocks"] = config.num_blocks
     if config.profile is not None:
-        from fairway.profile import load
+        from fairway.profiling.table import load
 
         load(config.profile)  # a bad path fails here, once, not in every worker
         options["profile"] = config.profile

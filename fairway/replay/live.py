@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from tqdm import tqdm
 
+from fairway import client
+from fairway.client import StreamError as _StreamError
+from fairway.client import base_url
+from fairway.client import describe as _describe
+from fairway.client import short as _short
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.replay import results
 from fairway.replay.results import ReplayResult, RequestResult
@@ -35,17 +40,11 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_VOCAB_SIZE = 32000
 #: Listing the models is a start-up check; it should answer at once.
 _MODELS_TIMEOUT_S = 30.0
-#: Error bodies are cut to this many characters in the `error` field.
-_MAX_ERROR_CHARS = 200
 INTERRUPTED = "interrupted"
 
 
 class LiveReplayError(FairwayError):
     """The server cannot be used for a replay (unreachable, no models); the message has the URL."""
-
-
-class _StreamError(Exception):
-    """The server answered 200 but the SSE stream is not one we can measure."""
 
 
 @dataclass(slots=True)
@@ -76,12 +75,6 @@ class _Attempt:
         )
 
 
-def base_url(url: str) -> str:
-    """`http://host:port` from a URL given with or without a trailing `/` or `/v1`."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 async def fetch_model(session: aiohttp.ClientSession, url: str) -> str:
     """The first model id served at `url` (GET /v1/models).
 
@@ -106,34 +99,11 @@ async def fetch_model(session: aiohttp.ClientSession, url: str) -> str:
     return str(models[0]["id"])
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
-
-
-def _describe(exc: BaseException) -> str:
-    return _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-
-
 def _payload(request: TraceRequest, model: str, vocab_size: int) -> bytes:
     """The request body; built before the send time so encoding does not delay the send."""
-    body = {
-        "model": model,
-        "prompt": request.token_ids(vocab_size),
-        "max_tokens": request.max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        # The last chunk then carries usage, where vLLM reports the prefix-cache hit.
-        "stream_options": {"include_usage": True},
-    }
-    return json.dumps(body, separators=(",", ":")).encode()
-
-
-def _cached_tokens(chunk: dict[str, Any]) -> int | None:
-    usage = chunk.get("usage")
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return cached if isinstance(cached, int) else None
+    return client.completion_body(
+        model, request.token_ids(vocab_size), request.max_tokens, include_usage=True
+    )
 
 
 async def _read_stream(
@@ -142,34 +112,14 @@ async def _read_stream(
     """Consume the SSE stream: stamp the first `data:` chunk, keep the cache hit, expect [DONE].
 
     Raises:
-        _StreamError: a chunk is not JSON, carries an error, or the stream ends without [DONE].
+        StreamError: a chunk is not JSON, carries an error, or the stream ends without [DONE].
     """
-    try:
-        async for raw in resp.content:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue  # blank separators, comments, event:/id:/retry: fields
-            data = line[len("data:"):].strip()
-            if data == "[DONE]":
-                return
-            now = clock()  # before parsing: parse time is not the server's latency
-            try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError:
-                raise _StreamError(f"malformed stream: chunk is not JSON: {_short(data)}") from None
-            if not isinstance(chunk, dict):
-                raise _StreamError(f"malformed stream: chunk is not an object: {_short(data)}")
-            if "error" in chunk:
-                raise _StreamError(f"error in stream: {_short(json.dumps(chunk['error']))}")
-            if attempt.first_token_s is None:
-                attempt.first_token_s = now
-            cached = _cached_tokens(chunk)  # 0 is a real answer (no hit), so test for None
-            if cached is not None:
-                attempt.cached_tokens = cached
-    except ValueError as exc:  # aiohttp: a line beyond its buffer limit
-        raise _StreamError(f"malformed stream: {exc}") from exc
-    what = "no data chunk" if attempt.first_token_s is None else "no [DONE]"
-    raise _StreamError(f"malformed stream: ended with {what} (content-type {resp.content_type})")
+    async for chunk, now in client.stream_chunks(resp, clock):
+        if attempt.first_token_s is None:
+            attempt.first_token_s = now
+        cached = client.cached_tokens(chunk)  # 0 is a real answer (no hit), so test for None
+        if cached is not None:
+            attempt.cached_tokens = cached
 
 
 async def _send(
@@ -184,7 +134,7 @@ async def _send(
     attempt.sent_s = clock()
     try:
         async with asyncio.timeout(timeout_s), session.post(
-            endpoint, data=body, headers={"Content-Type": "application/json"}
+            endpoint, data=body, headers=client.JSON_HEADERS
         ) as resp:
             if resp.status != 200:
                 attempt.error = f"HTTP {resp.status}: {_short(await resp.text(errors='replace'))}"
@@ -327,11 +277,8 @@ async def replay_live(
                      progress=progress, desc=f"{trace_name} @ {policy}")
     start = time.monotonic()
     interrupted = False
-    # limit=0: no pool cap, or queued sends would silently add pool wait to TTFT.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    timeout = aiohttp.ClientTimeout(total=None)  # per request via asyncio.timeout instead
     try:
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with client.new_session() as session:
             model = model or await fetch_model(session, url)
             try:
                 await replay.run(session, f"{base_url(url)}/v1/completions", model, vocab_size)

@@ -3,8 +3,8 @@
 The engine is vLLM's own `Scheduler` (Fairway's subclass with the named policy), built offline by
 `fairway.vllm.offline`: its admission, chunked prefill, prefix cache, block allocator and
 preemption are the code that ships. What is simulated is only time: each step takes the cost
-model's time for the prompt spans it computed (`fairway.replay.cost`), and the policy reads that
-virtual clock. One job per object: `VirtualClock` keeps time, `StepCostModel` prices a step,
+model's time for the prompt spans it computed (`fairway.profiling.step_time`), and the policy reads
+that virtual clock. One job per object: `VirtualClock` keeps time, a `StepTimeModel` prices a step,
 `_Recorder` fills the `RequestResult`s, and `replay()` is the loop that connects them.
 
 Must not import vllm: everything engine-side goes through `fairway.vllm.offline` and
@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError
-from fairway.profile import DEFAULT_PROFILE, PrefillProfile, default_profile
-from fairway.profile import load as load_profile
-from fairway.replay.cost import StepCostModel
+from fairway.profiling import step_time
+from fairway.profiling.step_time import StepTimeModel
+from fairway.profiling.table import DEFAULT_PROFILE, PrefillProfile, default_profile
+from fairway.profiling.table import load as load_profile
 from fairway.replay.results import ReplayResult, RequestResult
 from fairway.traces.stats import trace_stats
 
@@ -311,7 +312,9 @@ def replay(
         trace: the workload.
         policy: registry name of the ordering (`fairway`, `fcfs`, `lpm`, ...).
         profile: T(L) table (object, path, shipped name; None: the shipped A6000 estimate). It
-            prices the steps and, unless `policy_params` says otherwise, is the policy's table.
+            prices the steps (with the step-time model it names: the table itself or a saved
+            fit, `step_time.for_profile`) and, unless `policy_params` says otherwise, is the
+            policy's table.
         policy_params: the policy's parameters (as `--policy-arg`), validated by the policy.
         num_blocks: KV cache blocks; None: sized from the trace (`size_cache`).
         cache_fraction: share of the trace's reusable content the cache holds (when sized).
@@ -331,7 +334,7 @@ def replay(
 
     started = time.perf_counter()
     table = resolve_profile(profile)
-    cost = StepCostModel(table, step_overhead_s)
+    cost = step_time.for_profile(table, step_overhead_s)
     sizing = size_cache(
         trace, cache_fraction=cache_fraction, num_blocks=num_blocks, block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -382,7 +385,7 @@ def replay(
 class _Loop:
     """The event loop of one replay: arrivals, steps, clock, recording."""
 
-    def __init__(self, trace: Trace, scheduler: Any, cost: StepCostModel, clock: VirtualClock,
+    def __init__(self, trace: Trace, scheduler: Any, cost: StepTimeModel, clock: VirtualClock,
                  offline: Any, probe: Any, block_size: int, progress: bool,
                  hooks: ReplayHooks | None) -> None:
         self.requests = trace.requests
@@ -442,9 +445,7 @@ class _Loop:
         spans = self.probe.scheduled_spans(scheduler, scheduled)
         start = self.clock.now
         if spans:
-            self.clock.advance(self.cost.step_s(
-                [s for s, _, _ in spans.values()], [e for _, e, _ in spans.values()]
-            ))
+            self.clock.advance(self.cost.step_time_s([(s, e) for s, e, _ in spans.values()]))
             end = self.clock.now
             for request_id, (s, e, prompt) in spans.items():
                 self.recorder.scheduled(request_id, s, e, prompt, start, end)
@@ -492,7 +493,7 @@ class _Loop:
             self.recorder.fail(r.request_id, "no first token when the replay ended")
 
 
-def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepCostModel,
+def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
               sizing: CacheSizing, loop: _Loop, max_model_len: int, max_num_batched_tokens: int,
               max_num_seqs: int) -> dict[str, Any]:
     """Everything needed to reproduce (and to trust) the run; deterministic (no wall times)."""

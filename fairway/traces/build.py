@@ -178,7 +178,7 @@ def parse_param_strings(items: list[str]) -> dict[str, str]:
 
 def default_capacity_tps() -> float:
     """The shipped profile's capacity (tokens/s at 2048-token chunks)."""
-    from fairway.profile import default_profile
+    from fairway.profiling.table import default_profile
 
     return default_profile().capacity_tps()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fairway import profile
+from fairway.profiling.table import load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -49,7 +49,7 @@ def test_profile_starts_measures_and_stops_a_server(tiny_model, e2e, tmp_path: P
                           timeout=560)
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
 
-    table = profile.load(out)  # validates: positive, strictly increasing lengths, monotone times
+    table = load(out)  # validates: positive, strictly increasing lengths, monotone times
     assert [n for n, _ in table.points] == [64, 128, 256]
     meta = table.metadata
     assert meta["source"] == "measured" and meta["repetitions"] == 2

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from fairway.profile import from_points
-from fairway.replay.cost import StepCostModel
+from fairway.profiling.step_time import TableStepTime
+from fairway.profiling.table import from_points
 from fairway.replay.sim import ReplayHooks, VirtualClock, replay, size_cache
 from fairway.traces.format import Trace, TraceHeader, TraceRequest
 
@@ -55,7 +55,7 @@ def test_a_prompt_longer_than_a_step_pays_the_overhead_once_per_chunk():
     (r,) = replay(trace, "fcfs", profile=PROFILE, num_blocks=1_000).requests
     # Three chunks (2,048 + 2,048 + 904): 3 o + C(5,000), with C = T - o.
     assert r.ttft_s == pytest.approx(3 * OVERHEAD_S + (t_of(5_000) - OVERHEAD_S), rel=1e-12)
-    assert r.ttft_s == pytest.approx(StepCostModel(PROFILE).prefill_s(5_000, chunk_tokens=2_048))
+    assert r.ttft_s == pytest.approx(TableStepTime(PROFILE).prefill_s(5_000, chunk_tokens=2_048))
 
 
 def test_two_misses_arriving_together_run_one_after_the_other_under_fcfs():
@@ -70,7 +70,7 @@ def test_two_misses_arriving_together_run_one_after_the_other_under_fcfs():
 def test_a_cached_prefix_is_free_and_reported():
     trace = make_trace(("a", 0.0, [("doc", 2_000)]), ("b", 10.0, [("doc", 2_000), ("q", 48)]))
     result = by_id(replay(trace, "fcfs", profile=PROFILE, num_blocks=1_000))
-    cost = StepCostModel(PROFILE)
+    cost = TableStepTime(PROFILE)
     assert result["b"].cached_tokens == 2_000
     assert result["b"].ttft_s == pytest.approx(OVERHEAD_S + cost.work_s(2_048) - cost.work_s(2_000))
 

@@ -19,7 +19,7 @@ from fairway.policies.lpm import KLPMPolicy, LPMPolicy
 from fairway.policies.peek import PEEKPolicy
 from fairway.policies.preble import PreblePolicy
 from fairway.policies.ragcache import RAGCachePolicy
-from fairway.profile import from_points
+from fairway.profiling.table import from_points
 
 BASELINES = ["fcfs", "hrrn", "klpm", "klpm-4", "klpm-8", "lpm", "peek", "preble", "ragcache"]
 

@@ -1,4 +1,5 @@
-"""Self-calibration from step times (`fairway.vllm.calibrate`; imports no vLLM).
+"""Self-calibration from step times: the fit (`fairway.profiling.calibration`) and the
+scheduler's side (`fairway.vllm.calibrate`, which reads vLLM objects but imports no vLLM).
 
 Synthetic engine: step_s = o + b*tokens + c*pairs with multiplicative noise; the calibrator must
 recover T(L) within a few % and follow a change of the engine.
@@ -13,16 +14,19 @@ import pytest
 from prometheus_client import REGISTRY
 
 from fairway.policies.fairway import FairwayPolicy
-from fairway.vllm import calibrate
-from fairway.vllm.calibrate import (
+from fairway.profiling import step_time
+from fairway.profiling.calibration import (
     CalibrationSettings,
-    SchedulerCalibration,
-    StepCostModel,
     StepTimeCalibrator,
+    chunk_features,
 )
+from fairway.profiling.step_time import CalibratedFit
+from fairway.profiling.table import from_json
+from fairway.vllm import calibrate
+from fairway.vllm.calibrate import SchedulerCalibration
 
 CHUNK = 2048
-TRUTH = StepCostModel(overhead_s=0.004, per_token_s=3e-5, per_pair_s=2e-9)
+TRUTH = CalibratedFit(overhead_s=0.004, per_token_s=3e-5, per_pair_s=2e-9)
 LENGTHS = (256, 2048, 8192, 32768)
 
 
@@ -43,12 +47,12 @@ def synthetic_step(rng: random.Random) -> list[tuple[int, int]]:
     return chunks
 
 
-def feed(cal: StepTimeCalibrator, truth: StepCostModel, steps: int, seed: int = 0,
+def feed(cal: StepTimeCalibrator, truth: CalibratedFit, steps: int, seed: int = 0,
          noise: float = 0.03) -> None:
     rng = random.Random(seed)
     for _ in range(steps):
         chunks = synthetic_step(rng)
-        tokens, pairs = calibrate.chunk_features(chunks)
+        tokens, pairs = chunk_features(chunks)
         cal.observe(chunks, truth.step_s(tokens, pairs) * rng.gauss(1.0, noise))
 
 
@@ -65,7 +69,7 @@ def test_converges_to_the_synthetic_engine() -> None:
 def test_follows_a_changed_engine() -> None:
     cal = StepTimeCalibrator(CHUNK, CalibrationSettings(half_life_steps=300))
     feed(cal, TRUTH, 1500)
-    slower = StepCostModel(0.006, 6e-5, 4e-9)  # e.g. a neighbour on the same GPU
+    slower = CalibratedFit(0.006, 6e-5, 4e-9)  # e.g. a neighbour on the same GPU
     feed(cal, slower, 3000, seed=1)
     for n in LENGTHS:
         assert cal.prefill_s(n) == pytest.approx(slower.prefill_s(n, CHUNK), rel=0.05), n
@@ -104,7 +108,7 @@ def test_outliers_are_ignored_unless_they_persist() -> None:
 
 def test_coefficients_stay_non_negative() -> None:
     cal = StepTimeCalibrator(CHUNK)
-    feed(cal, StepCostModel(0.01, 1e-5, 0.0), 2000, noise=0.05)  # no attention term at all
+    feed(cal, CalibratedFit(0.01, 1e-5, 0.0), 2000, noise=0.05)  # no attention term at all
     model = cal.model()
     assert model.per_pair_s >= 0 and model.per_token_s > 0 and model.overhead_s > 0
 
@@ -121,12 +125,22 @@ def test_snapshot_is_a_valid_profile_close_to_the_fit() -> None:
         assert table.prefill_s(n) == pytest.approx(cal.prefill_s(n), rel=0.03)
 
 
+def test_snapshot_saves_the_fit_as_its_step_time_model() -> None:
+    cal = StepTimeCalibrator(CHUNK)
+    feed(cal, TRUTH, 2000)
+    table = cal.profile(10_000)
+    assert table.step_time == {**cal.model().to_spec(), "kind": "calibrated"}
+    # Through the file format and back: the replay then prices steps with the fit itself.
+    reloaded = from_json(table.to_json())
+    assert step_time.for_profile(reloaded) == cal.model()
+
+
 def test_prefill_model_counts_chunks() -> None:
-    model = StepCostModel(0.01, 0.0, 0.0)
+    model = CalibratedFit(0.01, 0.0, 0.0)
     assert model.prefill_s(1, 512) == pytest.approx(0.01)
     assert model.prefill_s(512, 512) == pytest.approx(0.01)
     assert model.prefill_s(513, 512) == pytest.approx(0.02)
-    assert calibrate.chunk_features([(4, 0), (1, 10)]) == (5.0, 4 * 2.5 + 11)
+    assert chunk_features([(4, 0), (1, 10)]) == (5.0, 4 * 2.5 + 11)
 
 
 # --- the vLLM adapter, with a SchedulerOutput-shaped stand-in -------------------------------------
@@ -213,7 +227,7 @@ def test_refresh_swaps_the_policy_profile_and_sets_the_gauge() -> None:
     for _ in range(1000):
         chunks = synthetic_step(rng)
         new = [(f"r{i}", n, p) for i, (n, p) in enumerate(chunks)]
-        tokens, pairs = calibrate.chunk_features(chunks)
+        tokens, pairs = chunk_features(chunks)
         cal.observe_step(fake_output(new, []), TRUTH.step_s(tokens, pairs))
     assert cal.profile is not None and policy.profile is cal.profile
     assert policy.patience_s(8192) == pytest.approx(3 * TRUTH.prefill_s(8192, CHUNK), rel=0.03)
@@ -232,7 +246,7 @@ def test_off_by_default() -> None:
     from fairway.vllm.config import FairwayOptions
 
     options = FairwayOptions.resolve({})
-    assert getattr(options, "self_calibrate", False) is False
+    assert options.self_calibrate is False
     scheduler = SimpleNamespace(
         fairway_options=options, fairway_policy=FairwayPolicy(), fairway_metrics=None,
         vllm_config=SimpleNamespace(
@@ -247,13 +261,6 @@ def test_off_by_default() -> None:
     assert made.policy is scheduler.fairway_policy and made.max_model_len == 4096
 
 
-def _has_option() -> bool:
-    from fairway.vllm.config import OPTION_DEFAULTS
-
-    return "self_calibrate" in OPTION_DEFAULTS
-
-
-@pytest.mark.skipif(not _has_option(), reason="self_calibrate is not wired into config.py yet")
 def test_option_is_a_serving_option() -> None:
     from fairway.vllm.config import FairwayOptions
 

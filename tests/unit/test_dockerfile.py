@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fairway import profile
+from fairway.profiling.table import shipped_names
 from fairway.vllm.config import SECTION, FairwayOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ def test_default_fairway_options_are_valid() -> None:
     options = FairwayOptions.resolve(config[SECTION], environ={})
     assert options.policy == "fairway"
     reference = options.policy_params.get("profile")
-    assert reference in profile.shipped_names()
+    assert reference in shipped_names()
 
 
 def test_installs_the_package_without_touching_vllm() -> None:

@@ -12,7 +12,7 @@ from fairway.errors import FairwayConfigError
 from fairway.policies import get
 from fairway.policies.base import QueuedRequest
 from fairway.policies.fairway import FairwayPolicy
-from fairway.profile import from_points
+from fairway.profiling.table import from_points
 
 STEP_BUDGET = 2048
 

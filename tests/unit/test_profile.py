@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fairway.errors import ProfileError
-from fairway.profile import (
+from fairway.profiling.table import (
     DEFAULT_PROFILE,
     PrefillProfile,
     default_profile,

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 from aiohttp import web
 from stub_server import serve_app
 
-from fairway import cli, profile, profiler
-from fairway.profiler import ProfilerError, ProfileSettings
+from fairway import cli, client
+from fairway.errors import ProfileError
+from fairway.profiling import profiler, step_time
+from fairway.profiling import table as profile
+from fairway.profiling.profiler import ProfilerError, ProfileSettings
+from fairway.supervisor import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -159,9 +163,11 @@ def test_default_ladder_doubles_up_to_the_longest_prompt() -> None:
 
 
 def test_default_ladder_read_from_the_server(stub: Stub) -> None:
-    with httpx.Client() as client:
-        info = profiler.fetch_server_info(client, stub.url)
-    assert profiler.resolve_lengths(None, info) == [128, 256, 512, 1023]
+    async def info() -> profiler.ServerInfo:
+        async with client.new_session() as session:
+            return await profiler.fetch_server_info(session, stub.url)
+
+    assert profiler.resolve_lengths(None, asyncio.run(info())) == [128, 256, 512, 1023]
 
 
 def test_server_error_is_a_clear_error() -> None:
@@ -172,8 +178,6 @@ def test_server_error_is_a_clear_error() -> None:
 
 
 def test_unreachable_url_is_a_clear_error() -> None:
-    from fairway.profile_commands import free_port
-
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ProfilerError, match="cannot reach the server") as err:
         profiler.measure(url, ProfileSettings(lengths=(64,), repeats=1))
@@ -211,6 +215,28 @@ def test_fit_recovers_a_quadratic() -> None:
     assert line.c_s_per_token2 == 0.0 and line(128) == pytest.approx(points[0][1])
 
 
+def test_the_fit_can_be_saved_as_the_step_time_model(outcome) -> None:
+    convex = [profiler.LengthSamples(n, (0.01 + 1e-5 * n + 1e-9 * n * n,)) for n in LENGTHS]
+    run = dataclasses.replace(outcome.run, samples=tuple(convex))
+    saved = profiler.build_profile(run, hardware="h", hardware_detected=False,
+                                   step_time="quadratic")
+    assert saved.profile.step_time == saved.fit.to_spec()
+    assert saved.profile.step_time["kind"] == "quadratic"
+    model = step_time.for_profile(profile.from_json(saved.profile.to_json()))
+    assert model == saved.fit and model.step_time_s([(0, 512)]) == pytest.approx(saved.fit(512))
+    # The default keeps the table as the model: no entry, as before.
+    plain = profiler.build_profile(run, hardware="h", hardware_detected=False)
+    assert plain.profile.step_time is None and "step_time" not in plain.profile.to_json()
+
+
+def test_a_fit_with_a_negative_coefficient_cannot_price_steps(outcome) -> None:
+    concave = [profiler.LengthSamples(n, (0.01 + 1e-4 * n - 5e-8 * n * n,)) for n in LENGTHS]
+    run = dataclasses.replace(outcome.run, samples=tuple(concave))
+    with pytest.raises(ProfileError, match="c_s_per_token2 must be a finite number >= 0"):
+        profiler.build_profile(run, hardware="h", hardware_detected=False,
+                               step_time="quadratic")
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ProfilerError, match="repeats"):
         ProfileSettings(repeats=0)
@@ -240,8 +266,6 @@ def test_cli_writes_table_and_plot(stub: Stub, tmp_path: Path, capsys) -> None:
 
 
 def test_cli_errors_name_the_url(tmp_path: Path, capsys) -> None:
-    from fairway.profile_commands import free_port
-
     url = f"http://127.0.0.1:{free_port()}"
     assert cli.main(["profile", "--url", url, "-o", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
@@ -263,7 +287,7 @@ def test_cli_rejects_a_port_for_its_own_server(tmp_path: Path, capsys) -> None:
 
 
 def test_command_line_reproduces_the_options() -> None:
-    from fairway.profile_commands import command_line
+    from fairway.profiling.commands import command_line
 
     args = cli.build_parser().parse_args(
         ["profile", "--model", "/m", "--lengths", "64,128", "--repeats", "2", "-o", "o.json",

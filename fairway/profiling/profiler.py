@@ -3,11 +3,14 @@
 Talks HTTP only (must not import vllm): the server may be any vLLM-compatible endpoint, local or
 remote. One request at a time on an otherwise idle server, token-id prompts on `/v1/completions`
 with `max_tokens=1`, timed by the client from send to the first response token; the result is a
-`fairway.profile.PrefillProfile` table plus a least-squares curve T(L) = a + b*L + c*L^2.
+`fairway.profiling.table.PrefillProfile` table plus a least-squares curve T(L) = a + b*L + c*L^2
+(`fairway.profiling.step_time.QuadraticFit`). HTTP goes through `fairway.client` (aiohttp).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,7 +20,7 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,11 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fairway import client
 from fairway.errors import FairwayError
-from fairway.profile import PrefillProfile
+from fairway.profiling.step_time import QuadraticFit
+from fairway.profiling.table import PrefillProfile
 
 if TYPE_CHECKING:
-    import httpx
+    import aiohttp
 
 logger = logging.getLogger(__name__)
 
@@ -162,36 +167,6 @@ class ProfileRun:
 
 
 @dataclass(frozen=True)
-class QuadraticFit:
-    """T(L) = a + b*L + c*L^2, fitted by least squares on relative error (see `fit_quadratic`)."""
-
-    a_s: float
-    b_s_per_token: float
-    c_s_per_token2: float
-
-    def __call__(self, prompt_tokens: Any) -> Any:
-        """Seconds at `prompt_tokens` (a number or a numpy array)."""
-        x = np.asarray(prompt_tokens, dtype=np.float64)
-        result = self.a_s + self.b_s_per_token * x + self.c_s_per_token2 * x * x
-        return float(result) if result.ndim == 0 else result
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able form (for the table's metadata)."""
-        return {
-            "formula": "T(L) = a + b*L + c*L^2 (weighted least squares, relative error)",
-            "a_s": self.a_s,
-            "b_s_per_token": self.b_s_per_token,
-            "c_s_per_token2": self.c_s_per_token2,
-        }
-
-    def __str__(self) -> str:
-        return (
-            f"T(L) = {self.a_s:.4g} s + {self.b_s_per_token:.4g} s/token * L + "
-            f"{self.c_s_per_token2:.4g} s/token^2 * L^2"
-        )
-
-
-@dataclass(frozen=True)
 class Adjustment:
     """A measured median changed to keep the table non-decreasing."""
 
@@ -295,49 +270,42 @@ class PromptMaker:
 # --- HTTP ---------------------------------------------------------------------------------------
 
 
-def base_url(url: str) -> str:
-    """`http://host:port` from a URL given with or without a trailing `/` or `/v1`."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
+    return client.short(text, _MAX_ERROR_CHARS)
 
 
-def _unreachable(endpoint: str, exc: Exception) -> ProfilerError:
-    reason = _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+def _unreachable(endpoint: str, exc: BaseException) -> ProfilerError:
     return ProfilerError(
-        f"cannot reach the server at {endpoint}: {reason}; start it or check --url"
+        f"cannot reach the server at {endpoint}: {client.describe(exc)}; start it or check --url"
     )
 
 
-def fetch_server_info(client: httpx.Client, url: str, model: str | None = None) -> ServerInfo:
+async def fetch_server_info(
+    session: aiohttp.ClientSession, url: str, model: str | None = None
+) -> ServerInfo:
     """The served model, its max length (`/v1/models`) and the vLLM version (`/version`).
 
     Raises:
         ProfilerError: unreachable, an HTTP error, no models, or `model` not served.
     """
-    import httpx  # here, not at import: `fairway --help` stays fast
+    import aiohttp
 
-    url = base_url(url)
+    url = client.base_url(url)
     endpoint = f"{url}/v1/models"
     try:
-        resp = client.get(endpoint, timeout=_INFO_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        raise _unreachable(endpoint, exc) from None
-    if resp.status_code != 200:
+        data = await client.get_json(session, endpoint, _INFO_TIMEOUT_S)
+    except client.HTTPStatusError as exc:
         raise ProfilerError(
-            f"GET {endpoint} answered HTTP {resp.status_code}: {_short(resp.text)}; is this an "
+            f"GET {endpoint} answered HTTP {exc.status}: {exc.body}; is this an "
             "OpenAI-compatible server?"
-        )
-    try:
-        listed = resp.json().get("data")
-    except (ValueError, AttributeError):
-        listed = None
+        ) from None
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise _unreachable(endpoint, exc) from None
+    except ValueError:
+        data = None
+    listed = data.get("data") if isinstance(data, dict) else None
     if not isinstance(listed, list) or not listed or not isinstance(listed[0], dict):
-        raise ProfilerError(f"GET {endpoint} listed no model: {_short(resp.text)}")
+        raise ProfilerError(f"GET {endpoint} listed no model: {_short(str(data))}")
     cards = {str(card.get("id")): card for card in listed if isinstance(card, dict)}
     if model is None:
         card = listed[0]
@@ -350,22 +318,22 @@ def fetch_server_info(client: httpx.Client, url: str, model: str | None = None) 
         )
     max_len = card.get("max_model_len")
     max_len = max_len if isinstance(max_len, int) and not isinstance(max_len, bool) else None
-    return ServerInfo(url, str(card.get("id")), max_len, _fetch_version(client, url))
+    return ServerInfo(url, str(card.get("id")), max_len, await _fetch_version(session, url))
 
 
-def _fetch_version(client: httpx.Client, url: str) -> str | None:
-    import httpx
+async def _fetch_version(session: aiohttp.ClientSession, url: str) -> str | None:
+    import aiohttp
 
     try:
-        resp = client.get(f"{url}/version", timeout=_INFO_TIMEOUT_S)
-        version = resp.json().get("version") if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+        data = await client.get_json(session, f"{url}/version", _INFO_TIMEOUT_S)
+    except (client.HTTPStatusError, aiohttp.ClientError, TimeoutError, OSError, ValueError):
         return None
+    version = data.get("version") if isinstance(data, dict) else None
     return str(version) if version is not None else None
 
 
-def time_completion(
-    client: httpx.Client,
+async def time_completion(
+    session: aiohttp.ClientSession,
     server: ServerInfo,
     prompt: list[int],
     *,
@@ -377,39 +345,35 @@ def time_completion(
     Raises:
         ProfilerError: unreachable, timeout, an HTTP error or an answer without a token.
     """
-    import httpx
+    import aiohttp
 
     endpoint = f"{server.url}/v1/completions"
-    body = json.dumps(
-        {"model": server.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-         "stream": stream},
-        separators=(",", ":"),
-    ).encode()
+    body = client.completion_body(server.model, prompt, 1, stream=stream)
     what = f"a {len(prompt)}-token prompt"
-    headers = {"Content-Type": "application/json"}
     try:
-        start = time.perf_counter()
-        with client.stream(
-            "POST", endpoint, content=body, headers=headers, timeout=timeout_s
-        ) as resp:
-            if resp.status_code != 200:
-                resp.read()
-                raise ProfilerError(
-                    f"POST {endpoint} answered HTTP {resp.status_code} for {what}: "
-                    f"{_short(resp.text)}" + _error_hint(resp.text)
-                )
-            if stream:
-                return _first_chunk_s(resp, start, endpoint, what)
-            resp.read()
-            elapsed = time.perf_counter() - start
-            _check_choice(resp.text, endpoint, what)
-            return elapsed
-    except httpx.TimeoutException:
+        async with asyncio.timeout(timeout_s):
+            start = time.perf_counter()
+            async with session.post(endpoint, data=body, headers=client.JSON_HEADERS) as resp:
+                if resp.status != 200:
+                    text = await resp.text(errors="replace")
+                    raise ProfilerError(
+                        f"POST {endpoint} answered HTTP {resp.status} for {what}: "
+                        f"{_short(text)}" + _error_hint(text)
+                    )
+                if stream:
+                    return await _first_chunk_s(resp, start, endpoint, what)
+                text = await resp.text(errors="replace")
+                elapsed = time.perf_counter() - start
+                _check_choice(_parse(text, endpoint, what), text, endpoint, what)
+                return elapsed
+    except TimeoutError:
         raise ProfilerError(
             f"POST {endpoint}: no answer within {timeout_s:g} s for {what}; raise --timeout or "
             "check that the server is idle"
         ) from None
-    except httpx.HTTPError as exc:
+    except client.StreamError as exc:
+        raise ProfilerError(f"POST {endpoint}: {exc} (for {what})") from None
+    except (aiohttp.ClientError, OSError) as exc:
         raise _unreachable(endpoint, exc) from None
 
 
@@ -419,31 +383,30 @@ def _error_hint(text: str) -> str:
     return ""
 
 
-def _first_chunk_s(resp: httpx.Response, start: float, endpoint: str, what: str) -> float:
-    """Read the SSE stream to its end; the time of the first `data:` chunk with a token."""
+async def _first_chunk_s(
+    resp: aiohttp.ClientResponse, start: float, endpoint: str, what: str
+) -> float:
+    """Read the SSE stream to its end; the time of the first chunk (which must hold a token)."""
     first: float | None = None
-    for line in resp.iter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
-            break
-        now = time.perf_counter()
-        if first is None:
-            _check_choice(data, endpoint, what)
-            first = now
-    if first is None:
-        raise ProfilerError(f"POST {endpoint}: the stream for {what} carried no token")
+    async with contextlib.aclosing(client.stream_chunks(resp, time.perf_counter)) as chunks:
+        async for chunk, now in chunks:
+            if first is None:
+                _check_choice(chunk, str(chunk), endpoint, what)
+                first = now
+    assert first is not None  # stream_chunks raises on a stream without a chunk
     return first - start
 
 
-def _check_choice(text: str, endpoint: str, what: str) -> None:
+def _parse(text: str, endpoint: str, what: str) -> Any:
     try:
-        payload = json.loads(text)
+        return json.loads(text)
     except ValueError:
         raise ProfilerError(
             f"POST {endpoint}: answer for {what} is not JSON: {_short(text)}"
         ) from None
+
+
+def _check_choice(payload: Any, text: str, endpoint: str, what: str) -> None:
     if not isinstance(payload, dict) or "error" in payload or not payload.get("choices"):
         raise ProfilerError(f"POST {endpoint}: no token for {what}: {_short(text)}")
 
@@ -456,7 +419,6 @@ def measure(
     settings: ProfileSettings,
     *,
     progress: Callable[[str], None] | None = None,
-    client: httpx.Client | None = None,
 ) -> ProfileRun:
     """Measure the server at `url`: warm-up, then `repeats` round-robin passes over the lengths.
 
@@ -467,14 +429,13 @@ def measure(
     Raises:
         ProfilerError: see `fetch_server_info`, `resolve_lengths` and `time_completion`.
     """
-    import httpx
+    return asyncio.run(_measure(url, settings, progress or (lambda _msg: None)))
 
-    say = progress or (lambda _msg: None)
-    own = client is None
-    # trust_env=False: a proxy from the environment would add its own latency to every sample.
-    client = client or httpx.Client(trust_env=False)
-    try:
-        server = fetch_server_info(client, url, settings.model)
+
+async def _measure(url: str, settings: ProfileSettings, say: Callable[[str], None]) -> ProfileRun:
+    """`measure` in the event loop (one session, one request at a time)."""
+    async with client.new_session() as session:
+        server = await fetch_server_info(session, url, settings.model)
         lengths = resolve_lengths(settings.lengths, server)
         resolved = dataclasses.replace(settings, lengths=tuple(lengths))
         say(
@@ -486,17 +447,14 @@ def measure(
         start = time.monotonic()
         prompts = PromptMaker(settings.vocab_size, settings.seed)
 
-        def once(n: int) -> float:
-            return time_completion(
-                client, server, prompts.make(n), stream=settings.stream,
+        async def once(n: int) -> float:
+            return await time_completion(
+                session, server, prompts.make(n), stream=settings.stream,
                 timeout_s=settings.timeout_s,
             )
 
-        samples = _sample(once, [1, *lengths], settings, say)
+        samples = await _sample(once, [1, *lengths], settings, say)
         wall = time.monotonic() - start
-    finally:
-        if own:
-            client.close()
     return ProfileRun(
         server=server,
         settings=resolved,
@@ -507,8 +465,8 @@ def measure(
     )
 
 
-def _sample(
-    once: Callable[[int], float],
+async def _sample(
+    once: Callable[[int], Awaitable[float]],
     lengths: list[int],
     settings: ProfileSettings,
     say: Callable[[str], None],
@@ -516,12 +474,12 @@ def _sample(
     """Warm-up rounds (discarded), then `repeats` passes over every length in ascending order."""
     for k in range(settings.warmup_rounds):
         for n in lengths:
-            once(n)
+            await once(n)
         say(f"warm-up round {k + 1}/{settings.warmup_rounds} done")
     samples: dict[int, list[float]] = {n: [] for n in lengths}
     for k in range(settings.repeats):
         for n in lengths:
-            samples[n].append(once(n))
+            samples[n].append(await once(n))
         say(f"pass {k + 1}/{settings.repeats}: " + ", ".join(
             f"{n}: {samples[n][-1] * 1e3:.1f} ms" for n in lengths
         ))
@@ -582,8 +540,16 @@ def build_profile(
     hardware_detected: bool,
     command: str | None = None,
     extra: dict[str, Any] | None = None,
+    step_time: str = "table",
 ) -> ProfileOutcome:
-    """The table (non-decreasing medians) with its metadata, and the fitted curve."""
+    """The table (non-decreasing medians) with its metadata, and the fitted curve.
+
+    `step_time`: what the replay prices steps with when given the table: "table" (the points)
+    or "quadratic" (the fit, saved in the file's `step_time` entry).
+
+    Raises:
+        ProfileError: "quadratic" and a fitted coefficient is negative (it cannot price steps).
+    """
     medians = run.medians()
     points, adjustments = non_decreasing(medians)
     fit = fit_quadratic(medians)
@@ -616,7 +582,13 @@ def build_profile(
         "generated_by": command or "fairway profile",
     }
     metadata.update(extra or {})
-    table = PrefillProfile(tuple((n, round(t, 6)) for n, t in points), metadata)
+    spec = None
+    if step_time == QuadraticFit.KIND:
+        fit.check_prices_steps()
+        spec = fit.to_spec()
+    elif step_time != "table":
+        raise ValueError(f"step_time must be 'table' or 'quadratic', got {step_time!r}")
+    table = PrefillProfile(tuple((n, round(t, 6)) for n, t in points), metadata, spec)
     return ProfileOutcome(run, table, fit, tuple(adjustments))
 
 

@@ -1,48 +1,36 @@
 """`fairway profile`: measure a server's prefill-time table T(L) and write it as a profile file.
 
 Against a running server (`--url`), or a vLLM server this command starts on 127.0.0.1 and stops
-afterwards (`--model DIR`, vLLM arguments after `--`). The measuring itself is
-`fairway.profiler`; this module parses arguments, runs the local server and prints.
+afterwards (`--model DIR`, vLLM arguments after `--`; `fairway.supervisor`). The measuring is
+`fairway.profiling.profiler`; this module parses arguments and prints. `register(subparsers)`
+adds the verb to the `fairway` parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fairway.errors import FairwayError
-from fairway.profiler import (
+from fairway.errors import FairwayError, ProfileError
+from fairway.profiling.profiler import (
     DEFAULT_REPEATS,
     DEFAULT_TIMEOUT_S,
     DEFAULT_VOCAB_SIZE,
     DEFAULT_WARMUP_ROUNDS,
-    ProfilerError,
     ProfileSettings,
 )
-
-logger = logging.getLogger(__name__)
+from fairway.supervisor import DEFAULT_STARTUP_TIMEOUT_S
 
 DEFAULT_OUTPUT = "fairway-profile.json"
-#: vLLM's start on a busy CPU box takes ~1.5 min; a large model on a GPU can take many minutes.
-DEFAULT_STARTUP_TIMEOUT_S = 900.0
-#: Seconds to wait for a clean exit after SIGINT before killing the server's process group.
-_SHUTDOWN_TIMEOUT_S = 60.0
-_LOG_TAIL_LINES = 30
 #: vLLM flags this command sets itself for a local server.
 _OWN_FLAGS = ("host", "port", "uds")
+#: `--step-time` choices: what the replay prices steps with when given the written file.
+STEP_TIME_CHOICES = ("table", "quadratic")
 
 
 def register(subparsers: Any) -> None:
@@ -74,6 +62,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, metavar="PATH",
                    help=f"the profile table to write (default {DEFAULT_OUTPUT})")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output")
+    p.add_argument("--step-time", choices=STEP_TIME_CHOICES, default="table",
+                   help="the step-time model `fairway bench --profile` prices steps with when "
+                   "given the written file: the measured table (default) or the fitted curve "
+                   "T(L) = a + b*L + c*L^2 (saved with its coefficients)")
     p.add_argument("--plot", default=None, metavar="PATH",
                    help="PNG of the points and the fit (default: --output with .png)")
     p.add_argument("--no-plot", action="store_true", help="do not plot")
@@ -132,7 +124,8 @@ def _non_negative_int(text: str) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from fairway import profiler
+    from fairway import supervisor
+    from fairway.profiling import profiler
 
     vllm_args = _vllm_args(args)
     output = Path(args.output)
@@ -152,8 +145,15 @@ def _profile(args: argparse.Namespace) -> int:
                            "vllm_args": vllm_args,
                            # Other work on the machine slows a CPU server; say how much there was.
                            "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
-        with local_server(args.model, vllm_args, args.startup_timeout, args.server_log) as url:
-            run = profiler.measure(url, settings, progress=_say)
+        from fairway.vllm.commands import vllm_launcher  # imports no vLLM
+
+        # Plain vLLM, not Fairway's scheduler: with one request at a time the ordering has
+        # nothing to do, and T(L) is a property of the GPU, the model and the engine settings.
+        with supervisor.running_server(
+            [*vllm_launcher(), "serve", args.model], vllm_args, log_path=args.server_log,
+            startup_timeout_s=args.startup_timeout, name="the vLLM server", say=_say,
+        ) as server:
+            run = profiler.measure(server.url, settings, progress=_say)
     else:
         hardware, hardware_detected = args.hardware or "unknown", False
         extra["server"] = {"url": args.url}
@@ -163,10 +163,17 @@ def _profile(args: argparse.Namespace) -> int:
         extra["served_model_name"] = run.server.model
     if args.note:
         extra["note"] = args.note
-    outcome = profiler.build_profile(
-        run, hardware=hardware, hardware_detected=hardware_detected,
-        command=command_line(args, vllm_args), extra=extra,
-    )
+    def build(step_time: str) -> Any:
+        return profiler.build_profile(
+            run, hardware=hardware, hardware_detected=hardware_detected,
+            command=command_line(args, vllm_args), extra=extra, step_time=step_time,
+        )
+
+    try:
+        outcome = build(args.step_time)
+    except ProfileError as exc:  # the measurement is kept: fall back to the table
+        print(f"fairway: warning: {exc}; the file keeps step_time 'table'", file=sys.stderr)
+        outcome = build("table")
     outcome.profile.save(output)
     print(profiler.format_report(outcome))
     print(f"wrote {output} ({len(outcome.profile.points)} points; hardware: {hardware})")
@@ -197,7 +204,7 @@ def _vllm_args(args: argparse.Namespace) -> list[str]:
 
 
 def _plot(outcome: Any, path: Path) -> None:
-    from fairway import profiler
+    from fairway.profiling import profiler
 
     try:
         profiler.plot_profile(outcome, path)
@@ -223,6 +230,8 @@ def command_line(args: argparse.Namespace, vllm_args: Sequence[str]) -> str:
         ("--served-model", args.served_model), ("--note", args.note),
     )
     parts += [item for flag, value in optional if value is not None for item in (flag, value)]
+    if args.step_time != "table":
+        parts += ["--step-time", args.step_time]
     if args.vocab_size != DEFAULT_VOCAB_SIZE:
         parts += ["--vocab-size", str(args.vocab_size)]
     if args.no_stream:
@@ -233,109 +242,3 @@ def command_line(args: argparse.Namespace, vllm_args: Sequence[str]) -> str:
     if vllm_args:
         parts += ["--", *vllm_args]
     return shlex.join(parts)
-
-
-# --- a local server -----------------------------------------------------------------------------
-
-
-@dataclass
-class _Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def local_server(
-    model: str,
-    vllm_args: Sequence[str],
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-    log_path: str | None = None,
-) -> Iterator[str]:
-    """Run `vllm serve MODEL ARGS` on 127.0.0.1 and a free port; yield its URL; stop it.
-
-    Plain vLLM, not Fairway's scheduler: with one request at a time the ordering has nothing to
-    do, and T(L) is a property of the GPU, the model and the engine settings.
-
-    Raises:
-        ProfilerError: the server exits or does not answer /health in time (with its log tail).
-    """
-    from fairway.vllm.commands import vllm_launcher
-
-    port = free_port()
-    argv = [*vllm_launcher(), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-            *vllm_args]
-    keep_log = log_path is not None
-    if log_path is None:
-        fd, log_path = tempfile.mkstemp(prefix="fairway-profile-server-", suffix=".log")
-        os.close(fd)
-    path = Path(log_path)
-    _say(f"starting {shlex.join(argv)} (log: {path})")
-    with open(path, "wb") as log:
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C reaches it once, through `_stop`
-        )
-    server = _Server(proc, f"http://127.0.0.1:{port}", path)
-    ok = False
-    try:
-        _wait_ready(server, startup_timeout_s)
-        _say(f"server ready at {server.url}")
-        yield server.url
-        ok = True
-    finally:
-        _stop(server)
-        if ok and not keep_log:
-            path.unlink(missing_ok=True)
-
-
-def _wait_ready(server: _Server, timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            code = server.proc.poll()
-            if code is not None:
-                raise ProfilerError(
-                    f"the vLLM server for {server.url} exited with code {code} before it was "
-                    f"ready; log {server.log_path}:\n{_tail(server.log_path)}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get(f"{server.url}/health").status_code == 200:
-                    return
-            time.sleep(1.0)
-    raise ProfilerError(
-        f"the vLLM server for {server.url} did not answer /health within {timeout_s:g} s "
-        f"(--startup-timeout); log {server.log_path}:\n{_tail(server.log_path)}"
-    )
-
-
-def _stop(server: _Server) -> None:
-    """SIGINT (vLLM's clean shutdown), then SIGKILL of its process group if it hangs."""
-    proc = server.proc
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=_SHUTDOWN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        logger.warning("vLLM server pid %d did not stop in %s s; killing it", proc.pid,
-                       _SHUTDOWN_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is the server's
-        proc.wait(timeout=10)
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"

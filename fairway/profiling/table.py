@@ -1,4 +1,4 @@
-"""Prefill-time profile tables: T(L), the idle prefill time of an L-token prompt on one GPU + model.
+"""Prefill-time tables: T(L), the idle prefill time of an L-token prompt on one GPU + model.
 
 Fairway's patience (the SLO in `wait/SLO`) and the replay's cost model both read this table.
 
@@ -7,7 +7,8 @@ File format (JSON)::
     {
       "fairway_profile": 1,
       "metadata": {"hardware": "...", "model": "...", "source": "measured|estimate", ...},
-      "points": [[prompt_tokens, seconds], ...]
+      "points": [[prompt_tokens, seconds], ...],
+      "step_time": {"kind": "table" | "quadratic" | "calibrated", ...}   (optional)
     }
 
 Points are sorted by prompt length, lengths strictly increasing, times positive and
@@ -16,6 +17,11 @@ prefill never costs less than the shortest one measured: fixed per-step costs do
 Above the last point T follows the straight line through the last two points (with a single point:
 proportional to L), which underestimates the quadratic attention term far beyond the table; profile
 up to the model's maximum length to avoid relying on it.
+
+`step_time` (optional; absent means "table") says which step-time model the virtual replay prices
+steps with (`fairway.profiling.step_time`): the table itself, or a fitted curve saved with its
+coefficients (the profiler's quadratic fit, a self-calibrated fit). The points are always there:
+they are the policies' T(L) (patience), whichever model prices the steps.
 """
 
 from __future__ import annotations
@@ -45,15 +51,22 @@ class PrefillProfile:
     Attributes:
         points: ((prompt_tokens, seconds), ...) sorted by prompt_tokens.
         metadata: where the numbers come from (hardware, model, engine version, date, method).
+        step_time: the saved step-time model of the replay, `{"kind": ..., coefficients}`;
+            None: the table itself (see `fairway.profiling.step_time.for_profile`).
     """
 
     points: tuple[tuple[int, float], ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    step_time: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         points = tuple((p[0], p[1]) for p in self.points)
         object.__setattr__(self, "points", points)
         _validate(points)
+        if self.step_time is not None:
+            from fairway.profiling import step_time  # it types against this module
+
+            step_time.check_spec(self.step_time)
         object.__setattr__(self, "_lengths", [p[0] for p in points])
 
     def prefill_s(self, prompt_tokens: float) -> float:
@@ -109,11 +122,14 @@ class PrefillProfile:
 
     def to_json(self) -> dict[str, Any]:
         """The file representation."""
-        return {
+        data: dict[str, Any] = {
             "fairway_profile": FORMAT_VERSION,
             "metadata": dict(self.metadata),
             "points": [[n, t] for n, t in self.points],
         }
+        if self.step_time is not None:
+            data["step_time"] = dict(self.step_time)
+        return data
 
     def save(self, path: str | Path) -> None:
         """Write the table as JSON (creating parent directories)."""
@@ -156,8 +172,9 @@ def from_json(data: Mapping[str, Any], source: str = "<data>") -> PrefillProfile
     metadata = data.get("metadata", {})
     if not isinstance(metadata, Mapping):
         raise ProfileError(f'{source}: "metadata" must be an object')
+    step_time = data.get("step_time")
     try:
-        return PrefillProfile(tuple((p[0], p[1]) for p in raw), metadata)
+        return PrefillProfile(tuple((p[0], p[1]) for p in raw), metadata, step_time)
     except ProfileError as exc:
         raise ProfileError(f"{source}: {exc}") from None
 

@@ -1,0 +1,10 @@
+"""Prefill-time tables T(L), the profiler that measures them, and the step-time models.
+
+- `table`: the T(L) table file (load, validate, interpolate; shipped tables in `fairway/profiles/`).
+- `step_time`: the one step-time model interface and its implementations (table, fits).
+- `profiler`: measure T(L) on a live server over HTTP.
+- `calibration`: fit a step-time model to an engine's own step times (self-calibration).
+- `commands`: the `fairway profile` verb.
+
+Must not import vllm.
+"""
