@@ -185,7 +185,7 @@ def _vllm_args(args: argparse.Namespace) -> list[str]:
             f"arguments for vLLM ({shlex.join(rest)}) need --model: with --url the server "
             "is already running"
         )
-    from fairway.vllm.commands import flag_value  # vLLM's flag spellings; imports no vLLM
+    from fairway.cli.vllm_argv import flag_value  # vLLM's flag spellings; imports no vLLM
 
     for name in _OWN_FLAGS:
         if flag_value(rest, name) is not None:
@@ -267,8 +267,9 @@ def local_server(
     Raises:
         ProfilerError: the server exits or does not answer /health in time (with its log tail).
     """
-    from fairway.vllm.commands import vllm_launcher
+    from fairway.cli.vllm_argv import check_vllm_cli, vllm_launcher
 
+    check_vllm_cli()
     port = free_port()
     argv = [*vllm_launcher(), "serve", model, "--host", "127.0.0.1", "--port", str(port),
             *vllm_args]

@@ -21,6 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from fairway.errors import FairwayConfigError, TraceError
+from fairway.options import (
+    FairwayOptions,
+    Setting,
+    option_env_vars,
+    parse_policy_args,
+    policy_arg_settings,
+)
 from fairway.replay import results as results_io
 from fairway.replay.results import ReplayResult
 from fairway.replay.sweep import ReplayJob, check_jobs, run_jobs
@@ -139,34 +146,22 @@ def ordered_policies(names: Sequence[str] | None) -> list[str]:
     return [p for p in POLICY_ORDER if p in known] + [p for p in known if p not in POLICY_ORDER]
 
 
-def parse_value(text: str) -> Any:
-    """A `--policy-arg` value: JSON (4, 0.5, true, null, "x") or else the string itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+def policy_options(config: BenchConfig, selected: Sequence[str]) -> dict[str, FairwayOptions]:
+    """Each chosen policy's `FairwayOptions`, built once here from `--policy`/`--policy-arg`.
 
-
-def parse_policy_args(items: Sequence[str], selected: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """`NAME.key=value` strings -> {policy: {key: value}}; the policy must be selected.
-
-    Values are validated by the policy when the jobs are checked (`policies.get`).
+    `FAIRWAY_*` variables configure a server, not a replay: they are ignored here (with a
+    warning), so `FAIRWAY_POLICY=lpm fairway bench --policy fcfs` replays FCFS.
     """
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        name, dot, param = key.strip().partition(".")
-        if not sep or not dot or not name or not param:
-            raise FairwayConfigError(
-                f"--policy-arg must be NAME.KEY=VALUE (e.g. fairway.fast_weight=2), got {item!r}"
-            )
-        if name not in selected:
-            raise FairwayConfigError(
-                f"--policy-arg {item!r}: policy {name!r} is not in this run "
-                f"(policies: {', '.join(selected)})"
-            )
-        out.setdefault(name, {})[param] = parse_value(value.strip())
-    return out
+    ignored = option_env_vars(os.environ)
+    if ignored:
+        logger.warning("fairway bench ignores %s: FAIRWAY_* variables configure a server; give "
+                       "the replay's policies and parameters with --policy and --policy-arg",
+                       ", ".join(ignored))
+    given = policy_arg_settings(parse_policy_args(config.policy_args), selected)
+    return {
+        name: FairwayOptions.from_settings([Setting("policy", name, "--policy"), *given[name]])
+        for name in selected
+    }
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -270,7 +265,7 @@ class BenchConfig:
     traces: tuple[str, ...] = DEFAULT_TRACES
     #: Policy names (`--policy`); empty: all registered policies.
     policies: tuple[str, ...] = ()
-    #: `--policy-arg NAME.key=value` strings.
+    #: `--policy-arg [POLICY.]KEY=VALUE` strings (`fairway.options.parse_policy_args`).
     policy_args: tuple[str, ...] = ()
     #: Profile table path or shipped name (`--profile`); None: the shipped default.
     profile: str | None = None
@@ -322,11 +317,11 @@ def run_bench(config: BenchConfig) -> BenchOutcome:
     """Run the traces x policies replays, write results and the report, return them."""
     started = time.perf_counter()
     selected = ordered_policies(config.policies)
-    params = parse_policy_args(config.policy_args, selected)
+    fairway = policy_options(config, selected)
     options = replay_options(config)
     traces = load_traces(config.traces, quick=config.quick, cache_dir=config.trace_cache)
     jobs = [
-        ReplayJob(name, trace, policy, params.get(policy, {}), options)
+        ReplayJob(name, trace, fairway[policy], {}, options)
         for name, trace in traces
         for policy in selected
     ]

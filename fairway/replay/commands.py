@@ -21,15 +21,21 @@ _BENCH_HELP = (
 
 def register(subparsers: Any) -> None:
     """Add the `bench` and `replay` subcommands to the `fairway` parser."""
+    from fairway.cli import HelpFormatter
+
     bench = subparsers.add_parser("bench", help="virtual-clock replay of traces x policies",
-                                  description=_BENCH_HELP)
+                                  description=_BENCH_HELP, formatter_class=HelpFormatter,
+                                  epilog=_policy_params_help)
     bench.add_argument("--trace", action="append", default=None, metavar="FILE|PRESET",
                        help="trace file or preset (repeatable; default: sec-a and sec-b); "
                        "see `fairway trace list`")
     bench.add_argument("--policy", action="append", default=None, metavar="NAME",
                        help="policy (repeatable; default: every registered policy)")
-    bench.add_argument("--policy-arg", action="append", default=[], metavar="NAME.KEY=VALUE",
-                       help="a policy parameter, e.g. fairway.fast_weight=2 (repeatable)")
+    bench.add_argument("--policy-arg", action="append", default=[],
+                       metavar="[POLICY.]KEY=VALUE",
+                       help="a policy parameter (repeatable): fast_weight=2 sets it for every "
+                       "chosen policy that has it, fairway.fast_weight=2 for one; see below. "
+                       "FAIRWAY_* variables are ignored (they configure a server)")
     bench.add_argument("--profile", default=None, metavar="PATH_OR_NAME",
                        help="prefill-time table of the simulated GPU (cost model and the "
                        "policies' patience); default: the shipped A6000 / Llama-3.1-8B estimate")
@@ -80,6 +86,12 @@ def register(subparsers: Any) -> None:
                         help="output directory (default results/replay-<timestamp>)")
     replay.add_argument("--no-progress", action="store_true", help="no progress bar")
     replay.set_defaults(handler=_replay)
+
+
+def _policy_params_help() -> str:
+    from fairway.options import policy_params_help
+
+    return policy_params_help()
 
 
 def _log_to_stderr() -> None:

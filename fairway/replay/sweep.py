@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fairway.errors import FairwayConfigError, FairwayError
+from fairway.options import FairwayOptions
 from fairway.replay.results import ReplayResult
 
 if TYPE_CHECKING:
@@ -49,8 +50,9 @@ class ReplayJob:
     Attributes:
         trace_name: label of the trace in results and reports.
         trace: the workload (sent to the worker by pickling; traces are a few MB at most).
-        policy: registry name.
-        policy_params: the policy's parameters.
+        policy: registry name, or the run's `FairwayOptions` (built once from the flags;
+            pickled to the worker as it is).
+        policy_params: the policy's parameters (more, when `policy` is a name).
         options: other keyword arguments of `fairway.replay.sim.replay` (profile, cache_fraction,
             num_blocks, max_num_batched_tokens, ...).
         label: policy label in results when one policy appears with several parameter sets
@@ -59,19 +61,24 @@ class ReplayJob:
 
     trace_name: str
     trace: Trace
-    policy: str
+    policy: str | FairwayOptions
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     label: str | None = None
 
     @property
+    def policy_name(self) -> str:
+        """The policy's registry name."""
+        return self.policy if isinstance(self.policy, str) else self.policy.policy
+
+    @property
     def key(self) -> tuple[str, str]:
         """(trace name, policy label): unique within a sweep."""
-        return self.trace_name, self.label or self.policy
+        return self.trace_name, self.label or self.policy_name
 
     def describe(self) -> str:
         """`trace @ policy` for messages."""
-        return f"{self.trace_name} @ {self.label or self.policy}"
+        return f"{self.trace_name} @ {self.label or self.policy_name}"
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
@@ -101,8 +108,6 @@ class SweepError(FairwayError):
 
 def check_jobs(jobs: Sequence[ReplayJob]) -> None:
     """Reject duplicate (trace, policy label) pairs and unknown policies before any work starts."""
-    import fairway.policies as policies
-
     seen: set[tuple[str, str]] = set()
     for job in jobs:
         if job.key in seen:
@@ -111,7 +116,7 @@ def check_jobs(jobs: Sequence[ReplayJob]) -> None:
                 "parameter set of one policy"
             )
         seen.add(job.key)
-        policies.get(job.policy, **dict(job.policy_params))  # validates name and parameters
+        FairwayOptions.for_replay(job.policy, job.policy_params)  # validates name and parameters
 
 
 def run_jobs(

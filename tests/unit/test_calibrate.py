@@ -229,7 +229,7 @@ def test_refresh_swaps_the_policy_profile_and_sets_the_gauge() -> None:
 
 
 def test_off_by_default() -> None:
-    from fairway.vllm.config import FairwayOptions
+    from fairway.options import FairwayOptions
 
     options = FairwayOptions.resolve({})
     assert getattr(options, "self_calibrate", False) is False
@@ -247,15 +247,10 @@ def test_off_by_default() -> None:
     assert made.policy is scheduler.fairway_policy and made.max_model_len == 4096
 
 
-def _has_option() -> bool:
-    from fairway.vllm.config import OPTION_DEFAULTS
-
-    return "self_calibrate" in OPTION_DEFAULTS
-
-
-@pytest.mark.skipif(not _has_option(), reason="self_calibrate is not wired into config.py yet")
 def test_option_is_a_serving_option() -> None:
-    from fairway.vllm.config import FairwayOptions
+    from fairway.options import SERVING_OPTIONS, FairwayOptions
+
+    assert "self_calibrate" in SERVING_OPTIONS
 
     assert FairwayOptions.resolve({}).self_calibrate is False
     assert FairwayOptions.resolve({"self_calibrate": True}).self_calibrate is True

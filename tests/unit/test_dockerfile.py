@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fairway import profile
-from fairway.vllm.config import SECTION, FairwayOptions
+from fairway.options import SECTION, FairwayOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

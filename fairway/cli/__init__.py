@@ -1,8 +1,9 @@
 """The `fairway` command. Each subcommand is a thin shell over a library function.
 
-Subcommands live next to the code they drive (`fairway/<area>/commands.py`, each with a
-`register(subparsers)` function); their handlers import heavy modules (vLLM, matplotlib) lazily so
-that `fairway --help` stays fast.
+Each module in `COMMAND_MODULES` has a `register(subparsers)` function; the verbs live in this
+package (`serve.py`, `tiny_model.py`), the replay's and the traces' in their packages'
+`commands.py` for now. Handlers import heavy modules (vLLM, matplotlib) lazily so that
+`fairway --help` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fairway import __version__
 from fairway.errors import FairwayError
@@ -19,9 +21,21 @@ from fairway.errors import FairwayError
 COMMAND_MODULES = (
     "fairway.replay.commands",   # bench, replay
     "fairway.profile_commands",  # profile
-    "fairway.vllm.commands",     # serve, tiny-model
+    "fairway.cli.serve",         # serve
+    "fairway.cli.tiny_model",    # tiny-model
     "fairway.traces.commands",   # trace, data
 )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the line breaks of an epilog and builds a callable one only when help is shown.
+
+    The option lists in `fairway serve --help` and `fairway bench --help` are generated from the
+    options' docstrings, which needs the policy registry: too slow to build for every command.
+    """
+
+    def add_text(self, text: Any) -> None:
+        super().add_text(text() if callable(text) else text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +70,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fairway trace stats F | head`: the reader went away
         sys.stderr.close()
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
