@@ -30,7 +30,8 @@ from fairway.options import (
 )
 from fairway.replay import results as results_io
 from fairway.replay.results import ReplayResult
-from fairway.replay.sweep import ReplayJob, check_jobs, run_jobs
+from fairway.replay.sim import DEFAULT_CACHE_FRACTION
+from fairway.replay.sweep import DEFAULT_WORKERS, ReplayJob, check_jobs, run_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -270,13 +271,13 @@ class BenchConfig:
     #: Profile table path or shipped name (`--profile`); None: the shipped default.
     profile: str | None = None
     #: Share of each trace's reusable content the KV cache holds.
-    cache_fraction: float = 0.3
+    cache_fraction: float = DEFAULT_CACHE_FRACTION
     #: KV blocks (overrides cache_fraction).
     num_blocks: int | None = None
     #: Output directory; None: results/bench-<timestamp>.
     out: str | None = None
     #: Local worker processes (0: in this process).
-    workers: int = 2
+    workers: int = DEFAULT_WORKERS
     #: Ray address ("local" starts one here); None: local processes.
     ray: str | None = None
     #: Shorter preset traces (smoke tests).
@@ -382,7 +383,8 @@ def experiment_parser(description: str) -> Any:
                         "overwritten)")
     parser.add_argument("--quick", action="store_true",
                         help="traces shortened to a quarter of their phases (smoke test)")
-    parser.add_argument("--workers", type=int, default=2, help="local worker processes")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help="local worker processes (default %(default)s)")
     parser.add_argument("--ray", default=None, metavar="ADDRESS",
                         help="run the replays on Ray (`local` or a cluster address)")
     parser.add_argument("--profile", default=None, metavar="PATH_OR_NAME",

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fairway.errors import FairwayConfigError, FairwayError
-from fairway.options import FairwayOptions
 from fairway.replay.results import ReplayResult
 
 if TYPE_CHECKING:
+    from fairway.options import FairwayOptions
     from fairway.traces.format import Trace
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 RAY_INSTALL_HINT = "pip install 'vllm-fairway[ray]'"
+#: Local worker processes of a sweep (`fairway bench --workers`, the benchmark scripts).
+DEFAULT_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class SweepError(FairwayError):
 
 def check_jobs(jobs: Sequence[ReplayJob]) -> None:
     """Reject duplicate (trace, policy label) pairs and unknown policies before any work starts."""
+    from fairway.options import FairwayOptions
+
     seen: set[tuple[str, str]] = set()
     for job in jobs:
         if job.key in seen:
@@ -122,7 +126,7 @@ def check_jobs(jobs: Sequence[ReplayJob]) -> None:
 def run_jobs(
     jobs: Sequence[ReplayJob],
     *,
-    workers: int = 2,
+    workers: int = DEFAULT_WORKERS,
     ray_address: str | None = None,
     fresh_processes: bool = False,
     progress: bool = True,
