@@ -27,15 +27,19 @@ COMMAND_MODULES = (
 )
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the line breaks of an epilog and builds a callable one only when help is shown.
+class HelpFormatter(argparse.HelpFormatter):
+    """Takes a callable epilog: built only when help is shown, printed with its line breaks.
 
     The option lists in `fairway serve --help` and `fairway bench --help` are generated from the
     options' docstrings, which needs the policy registry: too slow to build for every command.
     """
 
     def add_text(self, text: Any) -> None:
-        super().add_text(text() if callable(text) else text)
+        if callable(text):
+            block = text()
+            self._add_item(lambda: f"{block}\n\n", [])
+        else:
+            super().add_text(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
