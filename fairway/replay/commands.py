@@ -21,28 +21,36 @@ _BENCH_HELP = (
 
 def register(subparsers: Any) -> None:
     """Add the `bench` and `replay` subcommands to the `fairway` parser."""
+    from fairway.cli import HelpFormatter
+    from fairway.replay.sweep import DEFAULT_WORKERS
+
     bench = subparsers.add_parser("bench", help="virtual-clock replay of traces x policies",
-                                  description=_BENCH_HELP)
+                                  description=_BENCH_HELP, formatter_class=HelpFormatter,
+                                  epilog=_policy_params_help)
     bench.add_argument("--trace", action="append", default=None, metavar="FILE|PRESET",
                        help="trace file or preset (repeatable; default: sec-a and sec-b); "
                        "see `fairway trace list`")
     bench.add_argument("--policy", action="append", default=None, metavar="NAME",
                        help="policy (repeatable; default: every registered policy)")
-    bench.add_argument("--policy-arg", action="append", default=[], metavar="NAME.KEY=VALUE",
-                       help="a policy parameter, e.g. fairway.fast_weight=2 (repeatable)")
+    bench.add_argument("--policy-arg", action="append", default=[],
+                       metavar="[POLICY.]KEY=VALUE",
+                       help="a policy parameter (repeatable): fast_weight=2 sets it for every "
+                       "chosen policy that has it, fairway.fast_weight=2 for one; see below. "
+                       "FAIRWAY_* variables are ignored (they configure a server)")
     bench.add_argument("--profile", default=None, metavar="PATH_OR_NAME",
                        help="prefill-time table of the simulated GPU (cost model and the "
                        "policies' patience); default: the shipped A6000 / Llama-3.1-8B estimate")
-    bench.add_argument("--cache-fraction", type=float, default=0.3,
+    bench.add_argument("--cache-fraction", type=float, default=None,
                        help="KV cache size as a share of each trace's reusable content "
-                       "(default 0.3; never below the largest prompt plus a working set)")
+                       "(default 0.3, sim.DEFAULT_CACHE_FRACTION; never below the largest "
+                       "prompt plus a working set)")
     bench.add_argument("--num-blocks", type=int, default=None,
                        help="KV cache size in blocks of 16 tokens (overrides --cache-fraction)")
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="output directory (default results/bench-<timestamp>; an existing "
                        "non-empty one gets a -2, -3, ... suffix, never overwritten)")
-    bench.add_argument("--workers", type=int, default=2,
-                       help="local worker processes (default 2; 0 = in this process)")
+    bench.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                       help="local worker processes (default %(default)s; 0 = in this process)")
     bench.add_argument("--ray", default=None, metavar="ADDRESS",
                        help="run the replays as Ray tasks: a cluster address (ray://host:10001, "
                        "auto) or `local` to start Ray here; needs pip install 'vllm-fairway[ray]'")
@@ -82,6 +90,12 @@ def register(subparsers: Any) -> None:
     replay.set_defaults(handler=_replay)
 
 
+def _policy_params_help() -> str:
+    from fairway.options import policy_params_help
+
+    return policy_params_help()
+
+
 def _log_to_stderr() -> None:
     """INFO from fairway.* on stderr (vLLM configures only its own logger)."""
     root = logging.getLogger("fairway")
@@ -96,12 +110,13 @@ def bench_config(args: argparse.Namespace) -> Any:
     """The `BenchConfig` of parsed `fairway bench` flags."""
     from fairway.replay.bench import DEFAULT_TRACES, BenchConfig
 
+    given = {"cache_fraction": args.cache_fraction}  # None: BenchConfig's default
     return BenchConfig(
+        **{k: v for k, v in given.items() if v is not None},
         traces=tuple(args.trace or DEFAULT_TRACES),
         policies=tuple(args.policy or ()),
         policy_args=tuple(args.policy_arg),
         profile=args.profile,
-        cache_fraction=args.cache_fraction,
         num_blocks=args.num_blocks,
         out=args.out,
         workers=args.workers,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError
+from fairway.options import FairwayOptions
 from fairway.profiling import step_time
 from fairway.profiling.step_time import StepTimeModel
 from fairway.profiling.table import DEFAULT_PROFILE, PrefillProfile, default_profile
@@ -260,31 +261,28 @@ def resolve_profile(profile: PrefillProfile | str | None) -> PrefillProfile:
 
 
 def policy_options(
-    policy: str,
+    policy: str | FairwayOptions,
     profile: PrefillProfile | str,
     policy_params: Mapping[str, Any] | None,
     fairway_options: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The `{"fairway": {...}}` options of the replay's scheduler (without `policy`).
+) -> FairwayOptions:
+    """The replay's scheduler options, as one object (never read from `FAIRWAY_*`).
 
     A policy with a `profile` parameter gets the replay's table (`profile`: object, path or
-    shipped name) unless `policy_params` gives one (an explicit None too): the virtual engine is
+    shipped name) unless the options give one (an explicit None too): the virtual engine is
     the GPU the table describes, as a profiled server would be configured. Without it Fairway's
     patience would be the floor for every request and the relative wait would silently become
     the absolute-wait ablation.
     """
-    policies.get(policy)  # unknown names raise with the list of known ones
-    options = dict(fairway_options or {})
-    options.pop("policy", None)
-    options.update(policy_params or {})
-    if "profile" in policies.param_names(policy) and "profile" not in options:
-        options["profile"] = profile
+    options = FairwayOptions.for_replay(policy, policy_params, fairway_options)
+    if "profile" in policies.param_names(options.policy) and "profile" not in options.sources:
+        options = FairwayOptions.for_replay(options, {"profile": profile}, source="the replay's")
     return options
 
 
 def replay(
     trace: Trace,
-    policy: str,
+    policy: str | FairwayOptions,
     *,
     profile: PrefillProfile | str | None = None,
     policy_params: Mapping[str, Any] | None = None,
@@ -310,7 +308,8 @@ def replay(
 
     Args:
         trace: the workload.
-        policy: registry name of the ordering (`fairway`, `fcfs`, `lpm`, ...).
+        policy: registry name of the ordering (`fairway`, `fcfs`, `lpm`, ...), or the whole
+            `FairwayOptions` (built once by the caller, e.g. from `fairway bench`'s flags).
         profile: T(L) table (object, path, shipped name; None: the shipped A6000 estimate). It
             prices the steps (with the step-time model it names: the table itself or a saved
             fit, `step_time.for_profile`) and, unless `policy_params` says otherwise, is the
@@ -322,7 +321,7 @@ def replay(
         max_num_batched_tokens: vLLM's token budget per step (chunked prefill).
         max_num_seqs: vLLM's limit on running requests.
         step_overhead_s: the cost model's fixed time per step (None: from the table).
-        fairway_options: other serving options (`protect`, `protect_top_k`, ...).
+        fairway_options: more options (`protect`, `protect_top_k`, ...) added to `policy`.
         trace_name: label in the result; None: `<preset or family>-seed<seed>`.
         progress: show a tqdm bar of answered requests.
         hooks: observers (tests).
@@ -345,14 +344,14 @@ def replay(
     ref = DEFAULT_PROFILE if profile is None else profile
     ref = ref if isinstance(ref, PrefillProfile) else str(ref)
     options = policy_options(policy, ref, policy_params, fairway_options)
+    policy = options.policy
     scheduler = offline.make_offline_scheduler(
-        policy,
+        options,
         block_size=block_size,
         num_blocks=sizing.num_blocks,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
-        fairway_options=options,
         log_stats=False,  # no Prometheus series per replay; the totals are kept anyway
     )
     clock = VirtualClock()

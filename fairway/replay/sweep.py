@@ -25,6 +25,7 @@ from fairway.errors import FairwayConfigError, FairwayError
 from fairway.replay.results import ReplayResult
 
 if TYPE_CHECKING:
+    from fairway.options import FairwayOptions
     from fairway.traces.format import Trace
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 RAY_INSTALL_HINT = "pip install 'vllm-fairway[ray]'"
+#: Local worker processes of a sweep (`fairway bench --workers`, the benchmark scripts).
+DEFAULT_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,9 @@ class ReplayJob:
     Attributes:
         trace_name: label of the trace in results and reports.
         trace: the workload (sent to the worker by pickling; traces are a few MB at most).
-        policy: registry name.
-        policy_params: the policy's parameters.
+        policy: registry name, or the run's `FairwayOptions` (built once from the flags;
+            pickled to the worker as it is).
+        policy_params: the policy's parameters (more, when `policy` is a name).
         options: other keyword arguments of `fairway.replay.sim.replay` (profile, cache_fraction,
             num_blocks, max_num_batched_tokens, ...).
         label: policy label in results when one policy appears with several parameter sets
@@ -59,19 +63,24 @@ class ReplayJob:
 
     trace_name: str
     trace: Trace
-    policy: str
+    policy: str | FairwayOptions
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     label: str | None = None
 
     @property
+    def policy_name(self) -> str:
+        """The policy's registry name."""
+        return self.policy if isinstance(self.policy, str) else self.policy.policy
+
+    @property
     def key(self) -> tuple[str, str]:
         """(trace name, policy label): unique within a sweep."""
-        return self.trace_name, self.label or self.policy
+        return self.trace_name, self.label or self.policy_name
 
     def describe(self) -> str:
         """`trace @ policy` for messages."""
-        return f"{self.trace_name} @ {self.label or self.policy}"
+        return f"{self.trace_name} @ {self.label or self.policy_name}"
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
@@ -101,7 +110,7 @@ class SweepError(FairwayError):
 
 def check_jobs(jobs: Sequence[ReplayJob]) -> None:
     """Reject duplicate (trace, policy label) pairs and unknown policies before any work starts."""
-    import fairway.policies as policies
+    from fairway.options import FairwayOptions
 
     seen: set[tuple[str, str]] = set()
     for job in jobs:
@@ -111,13 +120,13 @@ def check_jobs(jobs: Sequence[ReplayJob]) -> None:
                 "parameter set of one policy"
             )
         seen.add(job.key)
-        policies.get(job.policy, **dict(job.policy_params))  # validates name and parameters
+        FairwayOptions.for_replay(job.policy, job.policy_params)  # validates name and parameters
 
 
 def run_jobs(
     jobs: Sequence[ReplayJob],
     *,
-    workers: int = 2,
+    workers: int = DEFAULT_WORKERS,
     ray_address: str | None = None,
     fresh_processes: bool = False,
     progress: bool = True,

@@ -46,6 +46,8 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+from fairway.options import FairwayOptions  # noqa: E402
+
 #: Hash used for block hashes of offline requests (vLLM's default `--prefix-caching-hash-algo`).
 HASH_ALGO = "sha256"
 
@@ -96,7 +98,7 @@ def _default_model_dir() -> Path:
 
 
 def make_offline_scheduler(
-    policy: str | None = "fairway",
+    policy: str | FairwayOptions | None = "fairway",
     *,
     async_scheduling: bool = False,
     block_size: int = 16,
@@ -115,15 +117,16 @@ def make_offline_scheduler(
     """Construct a vLLM V1 scheduler (Fairway's by default) over a fake KV cache of `num_blocks`.
 
     Args:
-        policy: Fairway registry name (`fairway`, `fcfs`, `lpm`, ...), or None for vLLM's own
-            `Scheduler`/`AsyncScheduler` (the baseline of the overhead benchmark).
+        policy: Fairway registry name (`fairway`, `fcfs`, `lpm`, ...) or a `FairwayOptions`, or
+            None for vLLM's own `Scheduler`/`AsyncScheduler` (the overhead benchmark's baseline).
         async_scheduling: use the AsyncScheduler variant (output placeholders, overlap).
         block_size: tokens per KV block (also the prefix-cache hash granularity).
         num_blocks: KV cache size in blocks, including vLLM's reserved null block.
         max_num_batched_tokens / max_num_seqs / max_model_len: the usual vLLM limits.
         enable_prefix_caching: vLLM's `--enable-prefix-caching`.
-        fairway_options: the `{"fairway": {...}}` part of `--additional-config` (without
-            `policy`, which is the first argument).
+        fairway_options: more options (policy parameters, serving options) added to `policy`.
+            The scheduler gets one `FairwayOptions` object and never reads `FAIRWAY_*`: that
+            is a server's environment, not the replay's.
         model_dir: directory with a `config.json` (default: the tiny Llama, written on demand).
         kv_transfer_config: a `KVTransferConfig` or its dict form (P/D, e.g. NixlConnector).
         scheduler_cls: the class to build (default: FairwayScheduler / FairwayAsyncScheduler,
@@ -159,21 +162,12 @@ def make_offline_scheduler(
     )
     if isinstance(kv_transfer_config, Mapping):
         kv_transfer_config = KVTransferConfig(**kv_transfer_config)
-    additional: dict[str, Any] = {}
-    if policy is not None:
-        options = dict(fairway_options or {})
-        if options.setdefault("policy", policy) != policy:
-            raise ValueError(
-                f"policy given twice: {policy!r} and fairway_options['policy']="
-                f"{options['policy']!r}"
-            )
-        additional = {"fairway": options}
+    options = None if policy is None else FairwayOptions.for_replay(policy, serving=fairway_options)
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         kv_transfer_config=kv_transfer_config,
-        additional_config=additional,
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
@@ -190,7 +184,9 @@ def make_offline_scheduler(
     cache_config.num_gpu_blocks = num_blocks
     register_all_kvcache_specs(vllm_config)
     cls = scheduler_cls or _default_class(policy, async_scheduling)
+    fairway_kw = {} if options is None else {"fairway_options": options}
     return cls(
+        **fairway_kw,
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),

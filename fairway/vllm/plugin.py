@@ -1,9 +1,14 @@
 """The `vllm.general_plugins` entry point: runs in every vLLM process (front end, EngineCore,
 workers), before the scheduler class is resolved.
 
-It does three cheap things and never raises (vLLM logs a plugin's exception, but a broken plugin
-must not be the reason a server does not start):
+It does four cheap things and never raises because of a bug of its own (a broken plugin must not
+be the reason a server does not start):
 
+* in a `vllm serve ... --scheduler-cls fairway.vllm...` process, checks Fairway's options and
+  `FAIRWAY_*` variables from the command line and the environment, and stops the server with
+  `fairway: error: <reason>` as its last line, before the model loads (the API server loads
+  plugins while it builds its argument parser; the scheduler's own check would come only after
+  the model and the KV cache are set up);
 * routes the `fairway` logger to vLLM's handlers, at vLLM's level: vLLM configures only the
   `vllm` logger, with `propagate=False`, so `fairway.*` INFO lines (start-up options) would
   otherwise vanish;
@@ -14,10 +19,14 @@ must not be the reason a server does not start):
 from __future__ import annotations
 
 import logging
+import os
+import sys
+from collections.abc import Mapping
 
 from vllm.logger import init_logger
 
 import fairway
+from fairway.errors import FairwayError
 
 logger = init_logger(__name__)
 
@@ -43,6 +52,22 @@ def register() -> None:
             logger.warning("Fairway: %s", problem)
     except Exception:  # noqa: BLE001 - a plugin must never stop vLLM
         logger.exception("Fairway plugin registration failed")
+    check_serve_command(sys.argv, os.environ)
+
+
+def check_serve_command(argv: list[str], environ: Mapping[str, str]) -> None:
+    """Stop a `vllm serve` with Fairway's scheduler and bad Fairway options now (SystemExit).
+
+    A bug in the check itself is logged and ignored: the scheduler checks again at start-up.
+    """
+    try:
+        from fairway.cli.serve import options_from_vllm_argv
+
+        options_from_vllm_argv(argv, environ)
+    except FairwayError as exc:
+        raise SystemExit(f"fairway: error: {exc}") from None
+    except Exception:  # noqa: BLE001 - a plugin must never stop vLLM
+        logger.exception("Fairway's early option check failed (the scheduler checks again)")
 
 
 class _ToVllmHandlers(logging.Handler):

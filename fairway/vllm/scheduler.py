@@ -27,8 +27,8 @@ from vllm.v1.request import Request
 import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
+from fairway.options import FairwayOptions
 from fairway.vllm import plugin, probe, protect
-from fairway.vllm.config import FairwayOptions
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
 logger = init_logger(__name__)
@@ -61,9 +61,12 @@ class FairwaySchedulerMixin:
 
     fairway_clock: Callable[[], float] = staticmethod(time.time)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, fairway_options: FairwayOptions | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        options = FairwayOptions.from_vllm_config(self.vllm_config)
+        # In-process callers (replay, tests) pass the object; a server resolves JSON + FAIRWAY_*.
+        options = fairway_options or FairwayOptions.from_vllm_config(self.vllm_config)
         policy = options.build_policy()
         _check_engine_config(self.vllm_config, options, policy)
         _check_internals(self)

@@ -77,7 +77,7 @@ def e2e() -> SimpleNamespace:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight Llama with a byte-level tokenizer (built once per session)."""
-    from fairway.vllm.tiny_model import make_tiny_model
+    from fairway.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), max_len=4096, seed=0)
 

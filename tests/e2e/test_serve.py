@@ -151,13 +151,13 @@ def test_unknown_policy_fails_fast_without_a_server(tiny_model: Path, e2e: Simpl
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=e2e.server_env())
     elapsed = time.monotonic() - start
     assert result.returncode == 2, result.stderr
-    assert "fairway: error: unknown policy 'no-such-policy'" in result.stderr
+    assert "fairway: error: Fairway option policy='no-such-policy' (from --policy)" in result.stderr
     assert "starting vLLM" not in result.stderr
     assert elapsed < 30, f"took {elapsed:.1f} s: vLLM must not have been started"
 
 
 def test_tiny_model_is_deterministic(tmp_path: Path) -> None:
-    from fairway.vllm.tiny_model import make_tiny_model
+    from fairway.tiny_model import make_tiny_model
 
     a = make_tiny_model(tmp_path / "a", vocab_size=300, hidden=64, layers=1, seed=3)
     b = make_tiny_model(tmp_path / "b", vocab_size=300, hidden=64, layers=1, seed=3)

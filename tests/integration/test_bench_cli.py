@@ -111,6 +111,30 @@ def test_an_existing_output_directory_is_never_overwritten(trace_file, one_worke
     assert (one_worker / "report.md").read_text() == before
 
 
+def test_server_variables_do_not_change_a_replay(trace_file, one_worker, tmp_path, monkeypatch,
+                                                 caplog):
+    """`FAIRWAY_POLICY=lpm fairway bench --policy fcfs` replays FCFS (it once replayed LPM)."""
+    monkeypatch.setenv("FAIRWAY_POLICY", "lpm")
+    monkeypatch.setenv("FAIRWAY_FAST_WEIGHT", "0")
+    out = tmp_path / "env"
+    argv = ["bench", "--quick", "--trace", str(trace_file), "--out", str(out), "--no-progress",
+            "--workers", "0", "--policy", "fcfs"]
+    assert cli.main(argv) == 0
+    assert "ignores FAIRWAY_FAST_WEIGHT, FAIRWAY_POLICY" in caplog.text
+    (found,) = replays(out).values()
+    assert found["settings"]["policy"] == "fcfs"
+    assert found["settings"]["fairway_options"]["policy"] == "fcfs"
+    assert found == replays(one_worker)["tiny--fcfs.json"]
+
+
+def test_one_policy_arg_for_every_policy_that_has_it(trace_file, tmp_path):
+    out = tmp_path / "args"
+    assert bench(trace_file, out, "--workers", "0", "--policy-arg", "fast_weight=2") == 0
+    found = replays(out)
+    assert found["tiny--fairway.json"]["settings"]["policy_params"]["fast_weight"] == 2
+    assert "fast_weight" not in found["tiny--lpm.json"]["settings"]["policy_params"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
 def test_ray_local_gives_the_same_results(trace_file, one_worker, tmp_path):
     out = tmp_path / "ray"
@@ -140,6 +164,10 @@ def test_ray_missing_is_a_clear_error(trace_file, tmp_path, monkeypatch, capsys)
         (["--policy", "nope"], "unknown policy 'nope'"),
         (["--policy", "fcfs", "--policy-arg", "fairway.fast_weight=2"], "not in this run"),
         (["--policy", "fairway", "--policy-arg", "fairway.speed=2"], "no parameter 'speed'"),
+        (["--policy", "fcfs", "--policy", "lpm", "--policy-arg", "fast_weight=2"],
+         "no policy of this run has a parameter 'fast_weight'"),
+        (["--policy", "fairway", "--policy-arg", "fast_weight=0"],
+         "fast_weight=0 (from --policy-arg fast_weight)"),
     ],
 )
 def test_bad_arguments_are_user_errors(tmp_path, capsys, args, message):

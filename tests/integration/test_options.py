@@ -1,11 +1,19 @@
-"""Options (`--additional-config` + FAIRWAY_* env) and the start-up refusals."""
+"""Options (`fairway.options`: `--additional-config` + FAIRWAY_* env) and the start-up refusals."""
 
 from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
 
 import pytest
 
 from fairway.errors import FairwayConfigError, FairwayError
-from fairway.vllm.config import FairwayOptions
+from fairway.options import (
+    FairwayOptions,
+    Setting,
+    parse_policy_args,
+    policy_arg_settings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +39,29 @@ def test_precedence_defaults_json_env():
 
 
 def test_env_selects_policy_and_its_params():
-    env = {"FAIRWAY_POLICY": "klpm", "FAIRWAY_K": "4", "FAIRWAY_FAST_WEIGHT": "3"}
+    env = {"FAIRWAY_POLICY": "klpm", "FAIRWAY_K": "4", "FAIRWAY_DATA": "/data"}
     options = FairwayOptions.resolve({"policy": "fairway"}, env)
-    # fast_weight is not a klpm parameter; its env var is simply not read for klpm.
     assert options.policy == "klpm" and options.policy_params == {"k": 4}
+    assert options.sources == {"policy": "FAIRWAY_POLICY", "k": "FAIRWAY_K"}
+
+
+def test_env_parameter_of_another_policy_is_an_error():
+    """As the same key in the JSON would be: a server never ignores a FAIRWAY_ variable."""
+    env = {"FAIRWAY_POLICY": "klpm", "FAIRWAY_FAST_WEIGHT": "3"}
+    with pytest.raises(FairwayConfigError) as info:
+        FairwayOptions.resolve(None, env)
+    message = str(info.value)
+    assert "fast_weight=3 (from FAIRWAY_FAST_WEIGHT)" in message
+    assert "a parameter of fairway" in message and "parameters of policy 'klpm': k" in message
+
+
+def test_unknown_env_variable_lists_the_known_names():
+    with pytest.raises(FairwayConfigError) as info:
+        FairwayOptions.resolve(None, {"FAIRWAY_FASTWEIGHT": "3"})
+    message = str(info.value)
+    for needle in ("FAIRWAY_FASTWEIGHT='3'", "did you mean FAIRWAY_FAST_WEIGHT?",
+                   "FAIRWAY_PROTECT_TOP_K", "FAIRWAY_K", "FAIRWAY_DATA", "FAIRWAY_TARGET"):
+        assert needle in message, (needle, message)
 
 
 @pytest.mark.parametrize(
@@ -48,6 +75,7 @@ def test_env_selects_policy_and_its_params():
         ({}, {"FAIRWAY_FAST_WEIGHT": "abc"}, ["fast_weight='abc'", "FAIRWAY_FAST_WEIGHT"]),
         ({}, {"FAIRWAY_PROTECT": "maybe"}, ["protect='maybe'", "FAIRWAY_PROTECT", "true or false"]),
         ({"protect_top_k": 0}, {}, ["protect_top_k=0", "integer >= 1"]),
+        ({"protect_top_k": True}, {}, ["protect_top_k=True", "integer >= 1"]),
         ({"reorder_preempted": "x"}, {}, ["reorder_preempted", "true or false"]),
         ({"profile": "no-such-profile"}, {}, ["profile='no-such-profile'"]),
         ("fast", {}, ["must be a JSON object"]),
@@ -60,13 +88,93 @@ def test_bad_options_name_key_value_source_and_allowed(json_options, env, needle
         assert needle in str(info.value), (needle, str(info.value))
 
 
-def test_env_is_read_at_construction(offline, monkeypatch):
+def test_a_server_reads_the_environment_at_construction(offline, monkeypatch):
+    """Built as vLLM builds it (no options object): JSON from the config, then FAIRWAY_*."""
+    from fairway.vllm.scheduler import FairwayScheduler
+
     monkeypatch.setenv("FAIRWAY_FAST_WEIGHT", "6")
-    sched = offline.make_offline_scheduler("fairway", fairway_options={"fast_weight": 2})
+    sched = offline.make_offline_scheduler(None, scheduler_cls=FairwayScheduler)
+    assert sched.fairway_options.sources == {"fast_weight": "FAIRWAY_FAST_WEIGHT"}
     assert sched.fairway_policy.fast_weight == 6
+    config = SimpleNamespace(additional_config={"fairway": {"fast_weight": 2, "protect": True}})
+    options = FairwayOptions.from_vllm_config(config)
+    assert options.policy_params == {"fast_weight": 6} and options.protect is True
     monkeypatch.setenv("FAIRWAY_FAST_WEIGHT", "0")
     with pytest.raises(FairwayConfigError, match="FAIRWAY_FAST_WEIGHT"):
-        offline.make_offline_scheduler("fairway")
+        offline.make_offline_scheduler(None, scheduler_cls=FairwayScheduler)
+
+
+def test_in_process_schedulers_never_read_the_environment(offline, monkeypatch):
+    """The replay's engine: `FAIRWAY_*` belongs to a server, so it cannot change a replay."""
+    monkeypatch.setenv("FAIRWAY_POLICY", "lpm")
+    monkeypatch.setenv("FAIRWAY_FAST_WEIGHT", "0")
+    monkeypatch.setenv("FAIRWAY_FASTWEIGHT", "1")
+    sched = offline.make_offline_scheduler("fairway", fairway_options={"fast_weight": 2})
+    assert sched.fairway_options.policy == "fairway" and sched.fairway_policy.fast_weight == 2
+    fcfs = offline.make_offline_scheduler(FairwayOptions.for_replay("fcfs"))
+    assert type(fcfs.fairway_policy).__name__ == "FCFSPolicy"
+
+
+def test_the_options_object_is_frozen_and_pickles():
+    options = FairwayOptions.for_replay("fairway", {"fast_weight": 2}, {"protect": True})
+    with pytest.raises(AttributeError):
+        options.policy = "lpm"
+    assert pickle.loads(pickle.dumps(options)) == options
+    assert options.to_json() == {"policy": "fairway", "fast_weight": 2, "protect": True}
+    assert options.sources["fast_weight"] == "the replay fast_weight"
+
+
+@pytest.mark.parametrize(
+    ("items", "selected", "expected"),
+    [
+        (["fast_weight=2"], ["fcfs", "fairway", "fairway-abswait"],
+         {"fcfs": [], "fairway": [2], "fairway-abswait": [2]}),
+        (["fairway.fast_weight=2"], ["fairway", "fairway-abswait"],
+         {"fairway": [2], "fairway-abswait": []}),
+        (["k=3", "klpm-4.k=5"], ["klpm", "klpm-4"], {"klpm": [3], "klpm-4": [3, 5]}),
+    ],
+)
+def test_one_policy_arg_grammar(items, selected, expected):
+    found = policy_arg_settings(parse_policy_args(items), selected)
+    assert {p: [s.value for s in found[p]] for p in found} == expected
+    assert all(s.source.startswith("--policy-arg ") for p in found for s in found[p])
+
+
+@pytest.mark.parametrize(
+    ("items", "selected", "message"),
+    [
+        (["speed=2"], ["fcfs", "lpm"], "no policy of this run has a parameter 'speed'"),
+        (["speed=2"], ["fairway"], "policy 'fairway' has no parameter 'speed'; its parameters"),
+        (["lpm.k=2"], ["fairway"], "policy 'lpm' is not in this run"),
+        (["fairway.k=2"], ["fairway"], "policy 'fairway' has no parameter 'k'"),
+        (["fast_weight"], ["fairway"], "must be KEY=VALUE or POLICY.KEY=VALUE"),
+        ([".k=1"], ["klpm"], "must be KEY=VALUE or POLICY.KEY=VALUE"),
+    ],
+)
+def test_bad_policy_args(items, selected, message):
+    with pytest.raises(FairwayConfigError, match=message):
+        policy_arg_settings(parse_policy_args(items), selected)
+
+
+def test_later_settings_win_and_keep_their_source():
+    options = FairwayOptions.from_settings([
+        Setting("fast_weight", 2, "--policy-arg fast_weight"),
+        Setting("fast_weight", 3, "FAIRWAY_FAST_WEIGHT"),
+    ])
+    assert options.policy_params == {"fast_weight": 3}
+    assert options.sources == {"fast_weight": "FAIRWAY_FAST_WEIGHT"}
+    assert options.to_json(skip_env=True) == {}
+
+
+def test_plugin_stops_a_bad_vllm_serve_command():
+    from fairway.vllm import plugin
+
+    argv = ["vllm", "serve", "m", "--scheduler-cls", "fairway.vllm.FairwayScheduler",
+            "--additional-config", '{"fairway": {"protect_top_k": 0}}']
+    with pytest.raises(SystemExit) as info:
+        plugin.check_serve_command(argv, {})
+    assert str(info.value).startswith("fairway: error: Fairway option protect_top_k=0")
+    plugin.check_serve_command(argv[:3], {"FAIRWAY_FASTWEIGHT": "1"})  # not Fairway's: no check
 
 
 def test_priority_queue_is_refused(offline):

@@ -153,7 +153,7 @@ def test_ray_tensor_parallel_config_passes_fairway_checks(offline) -> None:
     pytest.importorskip("ray")
     from vllm.config import ParallelConfig, VllmConfig
 
-    from fairway.vllm.config import FairwayOptions
+    from fairway.options import FairwayOptions
     from fairway.vllm.scheduler import FairwayScheduler, _check_engine_config
 
     parallel = ParallelConfig(distributed_executor_backend="ray", tensor_parallel_size=2)

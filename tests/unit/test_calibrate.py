@@ -243,7 +243,7 @@ def test_refresh_swaps_the_policy_profile_and_sets_the_gauge() -> None:
 
 
 def test_off_by_default() -> None:
-    from fairway.vllm.config import FairwayOptions
+    from fairway.options import FairwayOptions
 
     options = FairwayOptions.resolve({})
     assert options.self_calibrate is False
@@ -262,7 +262,9 @@ def test_off_by_default() -> None:
 
 
 def test_option_is_a_serving_option() -> None:
-    from fairway.vllm.config import FairwayOptions
+    from fairway.options import SERVING_OPTIONS, FairwayOptions
+
+    assert "self_calibrate" in SERVING_OPTIONS
 
     assert FairwayOptions.resolve({}).self_calibrate is False
     assert FairwayOptions.resolve({"self_calibrate": True}).self_calibrate is True

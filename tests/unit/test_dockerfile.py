@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from fairway.options import SECTION, FairwayOptions
 from fairway.profiling.table import shipped_names
-from fairway.vllm.config import SECTION, FairwayOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

@@ -287,7 +287,7 @@ def test_cli_rejects_a_port_for_its_own_server(tmp_path: Path, capsys) -> None:
 
 
 def test_command_line_reproduces_the_options() -> None:
-    from fairway.profiling.commands import command_line
+    from fairway.cli.profile import command_line
 
     args = cli.build_parser().parse_args(
         ["profile", "--model", "/m", "--lengths", "64,128", "--repeats", "2", "-o", "o.json",

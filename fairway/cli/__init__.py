@@ -1,8 +1,9 @@
 """The `fairway` command. Each subcommand is a thin shell over a library function.
 
-Subcommands live next to the code they drive (`fairway/<area>/commands.py`, each with a
-`register(subparsers)` function); their handlers import heavy modules (vLLM, matplotlib) lazily so
-that `fairway --help` stays fast.
+Each module in `COMMAND_MODULES` has a `register(subparsers)` function; the verbs live in this
+package (`serve.py`, `tiny_model.py`), the replay's and the traces' in their packages'
+`commands.py` for now. Handlers import heavy modules (vLLM, matplotlib) lazily so that
+`fairway --help` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fairway import __version__
 from fairway.errors import FairwayError
@@ -18,10 +20,26 @@ from fairway.errors import FairwayError
 #: Modules that contribute subcommands, in `--help` order.
 COMMAND_MODULES = (
     "fairway.replay.commands",   # bench, replay
-    "fairway.profiling.commands",  # profile
-    "fairway.vllm.commands",     # serve, tiny-model
+    "fairway.cli.profile",       # profile
+    "fairway.cli.serve",         # serve
+    "fairway.cli.tiny_model",    # tiny-model
     "fairway.traces.commands",   # trace, data
 )
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Takes a callable epilog: built only when help is shown, printed with its line breaks.
+
+    The option lists in `fairway serve --help` and `fairway bench --help` are generated from the
+    options' docstrings, which needs the policy registry: too slow to build for every command.
+    """
+
+    def add_text(self, text: Any) -> None:
+        if callable(text):
+            block = text()
+            self._add_item(lambda: f"{block}\n\n", [])
+        else:
+            super().add_text(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +74,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fairway trace stats F | head`: the reader went away
         sys.stderr.close()
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -145,7 +145,9 @@ def _profile(args: argparse.Namespace) -> int:
                            "vllm_args": vllm_args,
                            # Other work on the machine slows a CPU server; say how much there was.
                            "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
-        from fairway.vllm.commands import vllm_launcher  # imports no vLLM
+        from fairway.cli.vllm_argv import check_vllm_cli, vllm_launcher  # imports no vLLM
+
+        check_vllm_cli()
 
         # Plain vLLM, not Fairway's scheduler: with one request at a time the ordering has
         # nothing to do, and T(L) is a property of the GPU, the model and the engine settings.
@@ -192,7 +194,7 @@ def _vllm_args(args: argparse.Namespace) -> list[str]:
             f"arguments for vLLM ({shlex.join(rest)}) need --model: with --url the server "
             "is already running"
         )
-    from fairway.vllm.commands import flag_value  # vLLM's flag spellings; imports no vLLM
+    from fairway.cli.vllm_argv import flag_value  # vLLM's flag spellings; imports no vLLM
 
     for name in _OWN_FLAGS:
         if flag_value(rest, name) is not None:

@@ -1,0 +1,441 @@
+"""`fairway serve`: vLLM's server with Fairway's scheduler, its options checked before vLLM starts.
+
+A thin wrapper: it builds Fairway's options the way the server will (`fairway.options`: the
+`--additional-config` section, then its flags, then `FAIRWAY_*`), so a typo fails in a second, not
+after model loading; then it runs `vllm serve` with the scheduler class, the FCFS queue, prefix
+caching and `--additional-config '{"fairway": {...}}'`. Every other argument goes to vLLM
+untouched. The command is built by a pure function (`plan_serve`) that the unit tests call
+without vLLM. Module level imports stay light: `fairway --help` must not load vLLM.
+
+`options_from_vllm_argv` is the same check for a plain `vllm serve` command line; the plugin runs it
+in vLLM's API-server process before the model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fairway.cli import HelpFormatter
+from fairway.cli.vllm_argv import (
+    bool_flag,
+    check_vllm_cli,
+    flag_value,
+    is_cpu_build,
+    remove_flag,
+    run_server,
+    vllm_launcher,
+)
+from fairway.errors import FairwayConfigError
+
+SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayScheduler"
+ASYNC_SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayAsyncScheduler"
+#: Values of `--scheduler-cls` a user may pass themselves (the same two classes).
+_OUR_CLASSES = {
+    SCHEDULER_CLS: False,
+    ASYNC_SCHEDULER_CLS: True,
+    "fairway.vllm.FairwayScheduler": False,
+    "fairway.vllm.FairwayAsyncScheduler": True,
+}
+#: Environment variable that routes `fairway:` metrics to the API server's /metrics (see
+#: `fairway.vllm.metrics`); duplicated here so building the command imports no prometheus_client.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: What `--dry-run` prints for the metrics directory `fairway serve` would create at start.
+_NEW_TEMP_DIR = "$(mktemp -d)"
+
+
+def register(subparsers: Any) -> None:
+    """Add the `serve` subcommand to the `fairway` parser."""
+    serve = subparsers.add_parser(
+        "serve",
+        help="run `vllm serve` with Fairway's scheduler",
+        description="Run `vllm serve MODEL` with --scheduler-cls FairwayScheduler (or "
+        "FairwayAsyncScheduler with --async-scheduling), --scheduling-policy fcfs, "
+        "--enable-prefix-caching and Fairway's options in --additional-config. Fairway's options "
+        "are checked before vLLM starts. Any other argument is passed to vLLM unchanged "
+        "(see `vllm serve --help`). FAIRWAY_<KEY> environment variables override every option; "
+        "an unknown FAIRWAY_ variable is an error.",
+        formatter_class=HelpFormatter,
+        epilog=_options_help,
+    )
+    serve.add_argument("model", metavar="MODEL", help="model path or name, as for `vllm serve`")
+    _add_fairway_flags(serve)
+    serve.add_argument(
+        "vllm_args",
+        nargs=argparse.REMAINDER,
+        metavar="VLLM_ARGS",
+        help="any other `vllm serve` argument, passed through unchanged",
+    )
+    serve.set_defaults(handler=_serve)
+
+
+def _options_help() -> str:
+    from fairway.options import policy_params_help, serving_options_help
+
+    return f"{serving_options_help()}\n\n{policy_params_help()}"
+
+
+def _add_fairway_flags(parser: argparse.ArgumentParser) -> None:
+    """Fairway's own `serve` flags (also parsed again from the arguments after MODEL)."""
+    parser.add_argument(
+        "--policy",
+        default=None,
+        metavar="NAME",
+        help="ordering of the waiting queue (default: fairway; the policies are listed below)",
+    )
+    parser.add_argument(
+        "--policy-arg",
+        action="append",
+        default=[],
+        metavar="[POLICY.]KEY=VALUE",
+        help="a parameter of the policy (repeatable), e.g. fast_weight=4; see below",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH_OR_NAME",
+        help="prefill-time table from `fairway profile` (or a shipped table's "
+        "name); sets each request's patience",
+    )
+    parser.add_argument(
+        "--fairway-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a serving option (repeatable), e.g. protect=true; see below",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command and environment, do not start vLLM",
+    )
+
+
+def split_serve_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Take Fairway's flags out of the arguments after MODEL (`vllm_args`).
+
+    argparse hands everything after MODEL to `vllm_args`, so `fairway serve M --policy lpm
+    --port 8000` would send `--policy` to vLLM; this second pass moves Fairway's flags back into
+    the namespace (later values win, lists extend) and leaves the rest for vLLM, in order.
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_fairway_flags(parser)
+    ours, rest = parser.parse_known_args(list(args.vllm_args))
+    merged = argparse.Namespace(**vars(args))
+    merged.vllm_args = rest
+    merged.policy = ours.policy if ours.policy is not None else args.policy
+    merged.profile = ours.profile if ours.profile is not None else args.profile
+    merged.policy_arg = [*args.policy_arg, *ours.policy_arg]
+    merged.fairway_option = [*args.fairway_option, *ours.fairway_option]
+    merged.dry_run = bool(args.dry_run or ours.dry_run)
+    return merged
+
+
+# --- fairway serve: the command (pure) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What `fairway serve` will run.
+
+    Attributes:
+        argv: the vLLM command line.
+        env: the complete environment for it.
+        env_changes: the variables Fairway added or changed in `env` (shown by --dry-run).
+        fairway_config: the `"fairway"` section sent in `--additional-config`.
+        options: the `FairwayOptions` the scheduler will resolve (environment included).
+        warnings: messages for the user (no profile, environment overriding a flag, ...).
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    env_changes: dict[str, str]
+    fairway_config: dict[str, Any]
+    options: Any
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_serve(
+    args: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+    launcher: Sequence[str] | None = None,
+) -> ServePlan:
+    """Build Fairway's options and the vLLM command (no side effects, no vLLM import).
+
+    Args:
+        args: the parsed `serve` namespace (`split_serve_args` is applied here).
+        environ: the environment the server will inherit (default: os.environ); FAIRWAY_* in it
+            take part exactly as they will in the scheduler.
+        launcher: the program that runs `vllm` (default: `vllm_launcher()`).
+
+    Raises:
+        FairwayConfigError: a Fairway option, a conflicting vLLM flag or bad JSON; the message
+            names the flag and what is allowed.
+    """
+    from fairway.options import FairwayOptions, env_settings
+
+    args = split_serve_args(args)
+    environ = dict(os.environ if environ is None else environ)
+    vllm_args = list(args.vllm_args)
+    _reject_dotted_additional_config(vllm_args)
+    additional = _user_additional_config(vllm_args)
+    given = _given_settings(args, additional.get("fairway"))
+    options = FairwayOptions.from_settings([*given, *env_settings(environ)])
+    section = FairwayOptions.from_settings(given).to_json()
+    flagged = sorted({s.key for s in given if not s.source.startswith("--additional-config")})
+    warnings = [
+        f"{options.sources[key]} in the environment overrides the value given on the command "
+        f"line for {key!r}"
+        for key in flagged
+        if options.sources[key].startswith("FAIRWAY_")
+    ]
+    engine_flags = [*_scheduler_flags(vllm_args), *_queue_flags(vllm_args, options)]
+    warnings += _async_warning(vllm_args)
+    additional = {**additional, "fairway": section}
+    argv = [
+        *(vllm_launcher() if launcher is None else launcher),
+        "serve",
+        args.model,
+        *engine_flags,
+        "--additional-config",
+        json.dumps(additional, sort_keys=True),
+        *remove_flag(vllm_args, "additional-config"),
+    ]
+    warnings += _profile_warning(options)
+    env, changes = _server_env(environ)
+    return ServePlan(argv, env, changes, section, options, warnings)
+
+
+def _given_settings(args: argparse.Namespace, section: Any) -> list[Any]:
+    """The user's JSON section, then the flags (flags win), as `Setting`s."""
+    import fairway.policies as policies
+    from fairway.options import (
+        SERVING_OPTIONS,
+        FairwayOptions,
+        Setting,
+        json_settings,
+        parse_key_value,
+        parse_policy_args,
+        policy_arg_settings,
+    )
+
+    given = json_settings(section)
+    if args.policy is not None:
+        given.append(Setting("policy", args.policy, "--policy"))
+    policy = next((s.value for s in reversed(given) if s.key == "policy"), "fairway")
+    if policy not in policies.names():
+        FairwayOptions.from_settings(given)  # raises: the policy, its source, the known ones
+    given += policy_arg_settings(parse_policy_args(args.policy_arg), [policy])[policy]
+    for item in args.fairway_option:
+        key, value = parse_key_value(item, "--fairway-option")
+        if key not in SERVING_OPTIONS:
+            raise FairwayConfigError(
+                f"--fairway-option {key}=...: unknown option; options: "
+                f"{', '.join(SERVING_OPTIONS)} (policy parameters go in --policy-arg, the policy "
+                "in --policy)"
+            )
+        given.append(Setting(key, value, f"--fairway-option {key}"))
+    if args.profile is not None:
+        if "profile" not in policies.param_names(policy):
+            takers = [n for n in policies.names() if "profile" in policies.param_names(n)]
+            raise FairwayConfigError(
+                f"--profile: policy {policy!r} takes no prefill-time profile (policies that do: "
+                f"{', '.join(takers)})"
+            )
+        given.append(Setting("profile", _profile_ref(args.profile), "--profile"))
+    return given
+
+
+def _profile_ref(value: str) -> str:
+    """An existing file becomes an absolute path (the server may run elsewhere); a name stays."""
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
+def _profile_warning(options: Any) -> list[str]:
+    """The no-profile warning: without a table, every request gets the same patience."""
+    import fairway.policies as policies
+
+    if "profile" not in policies.param_names(options.policy) or options.policy_params.get(
+        "profile"
+    ):
+        return []
+    floor = options.policy_params.get("patience_floor_s", 1.0)
+    return [
+        f"no --profile: policy {options.policy!r} falls back to the patience floor "
+        f"(patience_floor_s={floor} s) for every request, whatever its length. Measure this GPU "
+        "and model once with `fairway profile` and pass --profile PATH (shipped estimate: "
+        "--profile a6000-llama3.1-8b-estimate)."
+    ]
+
+
+def _scheduler_flags(vllm_args: list[str]) -> list[str]:
+    """Fairway's scheduler class: async iff --async-scheduling; a user's own class must be ours."""
+    user_cls = flag_value(vllm_args, "scheduler-cls")
+    use_async = bool(bool_flag(vllm_args, "async-scheduling"))
+    if user_cls is None:
+        return ["--scheduler-cls", ASYNC_SCHEDULER_CLS if use_async else SCHEDULER_CLS]
+    if user_cls not in _OUR_CLASSES:
+        raise FairwayConfigError(
+            f"--scheduler-cls {user_cls}: `fairway serve` runs Fairway's scheduler ("
+            f"{SCHEDULER_CLS}, or {ASYNC_SCHEDULER_CLS} with --async-scheduling); use `vllm "
+            "serve` for another class"
+        )
+    if _OUR_CLASSES[user_cls] != use_async:
+        wanted = ASYNC_SCHEDULER_CLS if use_async else SCHEDULER_CLS
+        raise FairwayConfigError(
+            f"--scheduler-cls {user_cls} does not match the scheduling mode "
+            f"({'--async-scheduling' if use_async else 'synchronous'}): use {wanted}, or leave "
+            "--scheduler-cls out and `fairway serve` picks it"
+        )
+    return []  # the user's flag stays in vllm_args
+
+
+def _async_warning(vllm_args: list[str]) -> list[str]:
+    """On GPUs vLLM turns async scheduling on by default; the sync class then loses the overlap."""
+    if bool_flag(vllm_args, "async-scheduling") is not None or is_cpu_build():
+        return []
+    return [
+        "neither --async-scheduling nor --no-async-scheduling given: using FairwayScheduler "
+        "(synchronous). vLLM enables async scheduling by default on GPUs, and a synchronous "
+        "scheduler class then loses the CPU/GPU overlap; pass --async-scheduling to use "
+        "FairwayAsyncScheduler."
+    ]
+
+
+def _queue_flags(vllm_args: list[str], options: Any) -> list[str]:
+    """--scheduling-policy fcfs and --enable-prefix-caching unless given (conflicts rejected)."""
+    flags: list[str] = []
+    queue_policy = flag_value(vllm_args, "scheduling-policy")
+    if queue_policy is None:
+        flags += ["--scheduling-policy", "fcfs"]
+    elif queue_policy != "fcfs":
+        raise FairwayConfigError(
+            f"--scheduling-policy {queue_policy}: Fairway re-orders vLLM's FCFS waiting queue; "
+            "drop the flag (fairway serve sets --scheduling-policy fcfs)"
+        )
+    caching = bool_flag(vllm_args, "enable-prefix-caching")
+    if caching is None:
+        flags.append("--enable-prefix-caching")
+    elif not caching and type(options.build_policy()).needs_cache_hits:
+        raise FairwayConfigError(
+            f"--no-enable-prefix-caching: policy {options.policy!r} orders by cached prefix "
+            "length and needs prefix caching (drop the flag, or choose a policy such as fcfs)"
+        )
+    return flags
+
+
+def _server_env(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The server's environment: a fresh Prometheus multiprocess directory unless one is set.
+
+    The directory is what carries `fairway:` metrics from the EngineCore process to /metrics
+    (`fairway.vllm.metrics`); `run_serve` creates it at start and removes it at exit. Here it is
+    the placeholder `$(mktemp -d)`, which is also what --dry-run prints.
+    """
+    env = dict(environ)
+    changes: dict[str, str] = {}
+    if not env.get(MULTIPROC_ENV):
+        env[MULTIPROC_ENV] = changes[MULTIPROC_ENV] = _NEW_TEMP_DIR
+    return env, changes
+
+
+def _reject_dotted_additional_config(vllm_args: Sequence[str]) -> None:
+    for arg in vllm_args:
+        if arg.startswith(("--additional-config.", "--additional_config.")):
+            raise FairwayConfigError(
+                f"{arg.split('=')[0]}: give --additional-config as one JSON object (fairway serve "
+                'merges its "fairway" section with Fairway\'s flags)'
+            )
+
+
+def _user_additional_config(vllm_args: Sequence[str]) -> dict[str, Any]:
+    """The user's `--additional-config` JSON object ({} if absent)."""
+    raw = flag_value(vllm_args, "additional-config")
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise FairwayConfigError(f"--additional-config is not valid JSON ({exc}): {raw}") from None
+    if not isinstance(value, dict):
+        raise FairwayConfigError(f"--additional-config must be a JSON object, got {raw}")
+    return value
+
+
+# --- a plain `vllm serve` command line ------------------------------------------------------------
+
+
+def options_from_vllm_argv(argv: Sequence[str], environ: Mapping[str, str]) -> Any:
+    """The options a `vllm serve` command line with Fairway's scheduler will resolve, or None.
+
+    None when the command does not name Fairway's scheduler class, or when vLLM itself will
+    reject it (JSON that does not parse, dotted `--additional-config.x` forms, which vLLM
+    merges): this check only adds Fairway's own errors, earlier.
+
+    Raises:
+        FairwayConfigError: what the scheduler would refuse after the model loaded (options,
+            `FAIRWAY_*`, the queue policy, prefix caching for a cache-aware policy).
+    """
+    from fairway.options import FairwayOptions
+
+    if flag_value(argv, "scheduler-cls") not in _OUR_CLASSES:
+        return None
+    if any(a.startswith(("--additional-config.", "--additional_config.")) for a in argv):
+        return None
+    try:
+        additional = _user_additional_config(argv)
+    except FairwayConfigError:
+        return None
+    options = FairwayOptions.resolve(additional.get("fairway"), environ)
+    _queue_flags(list(argv), options)
+    return options
+
+
+# --- fairway serve: the handler -------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    args = split_serve_args(args)
+    plan = plan_serve(args)
+    for message in plan.warnings:
+        print(f"fairway: warning: {message}", file=sys.stderr)
+    if args.dry_run:
+        print(format_command(plan.argv, plan.env_changes))
+        return 0
+    return run_serve(plan)
+
+
+def format_command(argv: Sequence[str], env_changes: Mapping[str, str]) -> str:
+    """A shell line: the environment changes, then the command (`$(mktemp -d)` left unquoted)."""
+    env = [
+        f"{k}={v if v == _NEW_TEMP_DIR else shlex.quote(v)}" for k, v in sorted(env_changes.items())
+    ]
+    return " ".join([*env, shlex.join(argv)])
+
+
+def run_serve(plan: ServePlan) -> int:
+    """Create the metrics directory, run the server, remove the directory; the exit code."""
+    import shutil
+
+    from fairway.vllm.metrics import prepare_server_env
+
+    check_vllm_cli()
+    env = dict(plan.env)
+    created = env.get(MULTIPROC_ENV) == _NEW_TEMP_DIR
+    if created:
+        del env[MULTIPROC_ENV]
+    env = prepare_server_env(env)
+    changes = {k: env[k] for k in plan.env_changes}
+    print(f"fairway: starting vLLM: {format_command(plan.argv, changes)}", file=sys.stderr)
+    try:
+        return run_server(plan.argv, env)
+    finally:
+        if created:
+            shutil.rmtree(env[MULTIPROC_ENV], ignore_errors=True)

