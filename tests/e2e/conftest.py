@@ -126,7 +126,9 @@ def e2e() -> SimpleNamespace:
     """Helpers for the test modules (a conftest is not importable as a module)."""
     return SimpleNamespace(
         alive=alive,
+        cpu_server_args=CPU_SERVER_ARGS,
         fairway_command=fairway_command,
+        log_tail=log_tail,
         free_port=free_port,
         process_tree=process_tree,
         server_env=server_env,
