@@ -8,12 +8,10 @@ follow the same rules.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from fairway.errors import FairwayConfigError
 
@@ -129,22 +127,10 @@ def _die_with_parent() -> None:
 def run_server(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """Run the server until it exits; forward SIGINT/SIGTERM/SIGHUP; return its exit code.
 
-    The server gets its own session, so a terminal's Ctrl-C reaches it once (forwarded by us)
-    rather than twice (a second SIGINT makes vLLM's HTTP server skip its clean shutdown).
+    `fairway.shutdown.supervise` gives the server a grace period after the first signal and then
+    kills its process group: vLLM 0.32 can hang forever in shutdown with requests in flight
+    (FAIRWAY.md, "Shutdown and failures").
     """
-    proc = subprocess.Popen(
-        list(argv), env=dict(env), start_new_session=True, preexec_fn=_die_with_parent
-    )
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    from fairway.shutdown import supervise
 
-    def forward(signum: int, _frame: Any) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in forwarded}
-    try:
-        code = proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
+    return supervise(argv, env, preexec_fn=_die_with_parent)

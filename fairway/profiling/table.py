@@ -157,6 +157,35 @@ def _validate(points: tuple[tuple[Any, Any], ...]) -> None:
                 f"(T({n}) = {t} < T({prev_n}) = {prev_t})"
             )
         prev_n, prev_t = n, t
+    check_plausible(points)
+
+
+#: No single prefill takes an hour: a larger value is a unit mistake (ms, us) or a broken fit.
+MAX_PREFILL_S = 3600.0
+#: No engine prefills ten million tokens a second: a faster point is a unit mistake as well.
+MAX_TOKENS_PER_S = 1e7
+
+
+def check_plausible(points: Iterable[tuple[int, float]]) -> None:
+    """Refuse times no hardware produces (the table's other checks only ask for order).
+
+    A table with 1e9 s per prefill, or one in milliseconds read as seconds, would pass the
+    ordering checks and silently make every patience (3 x T) and every replayed step absurd.
+
+    Raises:
+        ProfileError: the first point outside the bounds, and what the bound means.
+    """
+    for i, (n, t) in enumerate(points):
+        if t > MAX_PREFILL_S:
+            raise ProfileError(
+                f"point {i}: T({n}) = {t:g} s is implausible (more than {MAX_PREFILL_S:g} s for "
+                "one prefill); the table holds seconds per prefill: check the units"
+            )
+        if n / t > MAX_TOKENS_PER_S:
+            raise ProfileError(
+                f"point {i}: T({n}) = {t:g} s is implausible ({n / t:.3g} tokens/s, more than "
+                f"{MAX_TOKENS_PER_S:g}); the table holds seconds per prefill: check the units"
+            )
 
 
 def from_json(data: Mapping[str, Any], source: str = "<data>") -> PrefillProfile:

@@ -321,6 +321,8 @@ def run_bench(config: BenchConfig) -> BenchOutcome:
     fairway = policy_options(config, selected)
     options = replay_options(config)
     traces = load_traces(config.traces, quick=config.quick, cache_dir=config.trace_cache)
+    if config.num_blocks is not None:
+        check_num_blocks(config.num_blocks, traces)
     jobs = [
         ReplayJob(name, trace, fairway[policy], {}, options)
         for name, trace in traces
@@ -338,6 +340,42 @@ def run_bench(config: BenchConfig) -> BenchOutcome:
     )
     warn_about_engine(found)
     return write_bench_report(found, out_dir, config, time.perf_counter() - started)
+
+
+#: Tokens per KV block in the virtual replay (vLLM's default, `sim.replay`'s).
+BLOCK_SIZE = 16
+
+
+def check_num_blocks(num_blocks: int, traces: Sequence[tuple[str, Any]],
+                     block_size: int = BLOCK_SIZE) -> None:
+    """Refuse a `--num-blocks` too small for a trace's largest request (every policy would fail).
+
+    vLLM reserves one block, so `num_blocks - 1` are usable; a request needs its prompt and
+    output tokens in blocks. The advice names `bench`'s own flags.
+
+    Raises:
+        FairwayConfigError: the first trace that does not fit, its largest request and the
+            smallest `--num-blocks` that admits it.
+    """
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
+        raise FairwayConfigError(f"--num-blocks must be an integer >= 2, got {num_blocks!r}")
+    usable = num_blocks - 1
+    for name, trace in traces:
+        largest = max((r.prompt_tokens + r.max_tokens for r in trace.requests), default=0)
+        needed = -(-largest // block_size)
+        if needed > usable:
+            raise FairwayConfigError(
+                f"--num-blocks {num_blocks} leaves {usable} usable KV blocks of {block_size} "
+                f"tokens, but trace {name!r} has a request of {largest} prompt + output tokens "
+                f"({needed} blocks): no policy could run it; pass --num-blocks {needed + 1} or "
+                "more, or drop --num-blocks (--cache-fraction sizing never goes below the "
+                "largest request)"
+            )
+
+
+def failed_replays(results: Sequence[ReplayResult]) -> list[ReplayResult]:
+    """Replays in which no request got a first token: nothing was measured."""
+    return [r for r in results if r.requests and r.n_errors == len(r.requests)]
 
 
 def warn_about_engine(results: Sequence[ReplayResult]) -> None:

@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
                        "(default 0.3, sim.DEFAULT_CACHE_FRACTION; never below the largest "
                        "prompt plus a working set)")
     bench.add_argument("--num-blocks", type=int, default=None,
-                       help="KV cache size in blocks of 16 tokens (overrides --cache-fraction)")
+                       help="KV cache size in blocks of 16 tokens (overrides --cache-fraction; "
+                       "must hold each trace's largest request)")
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="output directory (default results/bench-<timestamp>; an existing "
                        "non-empty one gets a -2, -3, ... suffix, never overwritten)")
@@ -66,7 +67,13 @@ def register(subparsers: Any) -> None:
     replay = subparsers.add_parser(
         "replay", help="live replay of a trace against an OpenAI-compatible server",
         description="Send a trace's requests open-loop at their timestamps to a running server "
-        "(`fairway serve`, `vllm serve`, ...) and report TTFT like `fairway bench`.",
+        "(`fairway serve`, `vllm serve`, ...) and report TTFT like `fairway bench`. Before "
+        "sending, the server's model, max_model_len and (vLLM) vocabulary are checked against "
+        "the trace; during the replay GET /health is probed every few seconds, and a server that "
+        "stops answering ends the replay at once. Exit status: 0 when at least --min-success of "
+        "the requests got a first token, 1 when fewer did or the server stopped answering (the "
+        "report is still written; the first causes are printed), 2 for bad arguments or a "
+        "server that cannot serve the trace.",
     )
     replay.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     replay.add_argument("--trace", required=True, metavar="FILE|PRESET",
@@ -82,7 +89,11 @@ def register(subparsers: Any) -> None:
                         help="per-request timeout in seconds (default: the live replay's, 600)")
     replay.add_argument("--vocab-size", type=int, default=None,
                         help="token ids are drawn below this; at most the model's vocabulary "
-                        "(default 32000; the tiny CPU model has 1024)")
+                        "(default: 32000, or the served model's vocabulary if smaller; the tiny "
+                        "CPU model has 512)")
+    replay.add_argument("--min-success", type=_share, default=None, metavar="SHARE",
+                        help="fail (exit 1) when fewer than this share of the requests get a "
+                        f"first token (default {_default_min_success():g})")
     replay.add_argument("--quick", action="store_true", help="shorten a preset trace")
     replay.add_argument("--out", default=None, metavar="DIR",
                         help="output directory (default results/replay-<timestamp>)")
@@ -94,6 +105,23 @@ def _policy_params_help() -> str:
     from fairway.options import policy_params_help
 
     return policy_params_help()
+
+
+def _default_min_success() -> float:
+    from fairway.replay.outcome import DEFAULT_MIN_SUCCESS
+
+    return DEFAULT_MIN_SUCCESS
+
+
+def _share(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
+    return value
 
 
 def _log_to_stderr() -> None:
@@ -129,20 +157,27 @@ def bench_config(args: argparse.Namespace) -> Any:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fairway.replay.bench import run_bench
+    from fairway.replay.bench import failed_replays, run_bench
+    from fairway.replay.outcome import group_errors
 
     _log_to_stderr()
     outcome = run_bench(bench_config(args))
     print(outcome.markdown)
     print(f"wrote {len(outcome.results)} replays and the report to {outcome.out_dir} "
           f"in {outcome.wall_s:.0f} s", file=sys.stderr)
-    return 0
+    failed = failed_replays(outcome.results)
+    for r in failed:
+        cause = group_errors([q.error or "no first token" for q in r.requests], limit=1)[0]
+        print(f"fairway: error: {r.trace_name} @ {r.policy}: none of {len(r.requests)} requests "
+              f"got a first token ({cause.count} x {cause.example})", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _replay(args: argparse.Namespace) -> int:
     from fairway.replay import live
     from fairway.replay import results as results_io
     from fairway.replay.bench import load_trace_spec, new_out_dir, trace_label, write_bench_report
+    from fairway.replay.outcome import verdict
 
     _log_to_stderr()
     trace = load_trace_spec(args.trace, quick=args.quick)
@@ -160,6 +195,12 @@ def _replay(args: argparse.Namespace) -> int:
     )
     outcome = write_bench_report([result], out_dir, None, result.wall_s)
     print(outcome.markdown)
-    print(f"wrote the live replay ({result.n_errors} errors) and its report to {out_dir}",
-          file=sys.stderr)
-    return 0
+    min_success = _default_min_success() if args.min_success is None else args.min_success
+    found = verdict(result, min_success)
+    for line in found.lines():
+        print(f"fairway: {line}", file=sys.stderr)
+    print(f"wrote the live replay ({result.n_errors} of {len(result.requests)} requests without "
+          f"a first token) and its report to {out_dir}", file=sys.stderr)
+    if result.settings.get("interrupted"):
+        return 130
+    return 0 if found.ok else 1

