@@ -19,7 +19,7 @@ from fairway.policies.base import (
     register_policy,
 )
 from fairway.policies.fairway_step import FastScore, _Columns
-from fairway.policies.share import NO_CAP, Item, ShareLedger, demand_served, plan_step
+from fairway.policies.share import Item, ShareLedger, demand_served, plan_step
 
 
 @dataclass(slots=True)
@@ -165,7 +165,7 @@ class FairwayPolicy(FastScore):
         return StepShare(
             order,
             front.request_id,
-            cap=plan.cap if plan.cap < NO_CAP else 0,
+            cap=min(plan.cap, p),
             running_first=plan.running_first,
             hold=plan.hold,
             budget=p,
