@@ -67,11 +67,18 @@ class PrefillingRequest:
         request_id: the engine's id.
         arrival: arrival time, on the clock of `QueuedRequest.arrival`.
         remaining: prompt tokens still to compute (>= 1).
+        prompt_tokens: its full length L (prompt, plus output so far when resumed); the tokens
+            already computed, L - remaining, play the cached prefix's part in the Fast score.
     """
 
     request_id: str
     arrival: float
     remaining: int
+    prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < self.remaining:
+            object.__setattr__(self, "prompt_tokens", self.remaining)
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,7 @@ class FairwayPolicy(FastScore):
         else:
             front = None
         if budget is not None and front is not None:
-            share = self._split(share, front, waiting, cols, rest, prefilling, budget)
+            share = self._split(share, front, waiting, cols, rest, prefilling, budget, now)
         self.last_lanes = [
             "fair" if waiting[i].request_id == share.front_id else "fast"
             for i in share.waiting_order
@@ -132,6 +132,7 @@ class FairwayPolicy(FastScore):
         rest: list[int],
         prefilling: Sequence[PrefillingRequest],
         budget: StepBudget,
+        now: float,
     ) -> StepShare:
         """The contested step's plan; an uncontested step resets the ledgers."""
         waiting = [Item(views[i].request_id, int(cols.work[i]), True) for i in rest]
@@ -156,9 +157,13 @@ class FairwayPolicy(FastScore):
             self.ledger.reset()
             return base
         target = min(front.demand, self.ledger.entitlement(floor, p))
+        rest_budget = max(0, p - target - sum(budget.ahead))
+        extra, held = self._by_score(front, target, views, cols, rest, prefilling, rest_budget, now)
+        target += extra
+        running = [item for item in running if item.request_id not in held]
         plan = plan_step(front, running, ahead, waiting, p, budget.free_slots, target)
         owed_fair = min(front.demand, floor)
-        self._pending = _Pending(front.request_id, owed_fair, min(fast_demand, p - owed_fair), p)
+        self._pending = _Pending(front.request_id, owed_fair, min(fast_demand, p - target), p)
         order = share.waiting_order
         if front.waiting and not plan.front_first:
             order = order[1:] + order[:1]
@@ -167,12 +172,62 @@ class FairwayPolicy(FastScore):
             front.request_id,
             cap=min(plan.cap, p),
             running_first=plan.running_first,
-            hold=plan.hold,
+            hold=plan.hold | held,
             budget=p,
             floor=floor,
             target=target,
             front_demand=front.demand,
         )
+
+    def _by_score(
+        self,
+        front: Item,
+        target: int,
+        views: Sequence[QueuedRequest],
+        cols: _Columns,
+        rest: list[int],
+        prefilling: Sequence[PrefillingRequest],
+        tokens: int,
+        now: float,
+    ) -> tuple[int, frozenset[str]]:
+        """Hand out the tokens beyond O's share in Fast-score order, O included by its own score.
+
+        Returns O's extra tokens and the running prefills that get nothing (held back for the
+        step: vLLM would otherwise serve them first, ahead of better-scored waiting requests).
+        """
+        scores = self._scores(cols, now).tolist() if len(views) else []
+        run = _Columns.of(
+            [
+                QueuedRequest(
+                    p.request_id, p.arrival, p.prompt_tokens, p.prompt_tokens - p.remaining
+                )
+                for p in prefilling
+            ]
+        )
+        run_scores = self._scores(run, now).tolist() if prefilling else []
+        # (score, arrival, id, demand, running?)
+        queue = [
+            (scores[i], views[i].arrival, views[i].request_id, int(cols.work[i]), False)
+            for i in rest
+        ]
+        for j, p in enumerate(prefilling):
+            demand = p.remaining - (target if p.request_id == front.request_id else 0)
+            queue.append((run_scores[j], p.arrival, p.request_id, demand, True))
+        if front.waiting:
+            i = next(k for k, v in enumerate(views) if v.request_id == front.request_id)
+            queue.append(
+                (scores[i], views[i].arrival, front.request_id, front.demand - target, False)
+            )
+        queue.sort(key=lambda q: (-q[0], q[1]))
+        extra, held = 0, set()
+        for _, _, request_id, demand, running in queue:
+            given = min(max(0, demand), tokens)
+            tokens -= given
+            if request_id == front.request_id:
+                extra = given
+            elif running and given == 0:
+                held.add(request_id)
+        return extra, frozenset(held)
 
     def on_step_end(
         self,

@@ -95,9 +95,10 @@ class Plan:
     fast_tokens: int = 0
 
     def key(self, target: int) -> tuple[bool, int, int, int]:
-        """Best plan: O gets its target; then most Fast tokens; then most tokens; smaller cap."""
+        """Best plan: O gets its target; then most Fast tokens; then most tokens; larger cap
+        (fewer, larger chunks: the best-scored requests finish first)."""
         ok = self.front_tokens >= target
-        return (ok, self.fast_tokens if ok else self.front_tokens, self.total, -self.cap)
+        return (ok, self.fast_tokens if ok else self.front_tokens, self.total, self.cap)
 
     @property
     def total(self) -> int:

@@ -79,7 +79,11 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
         # vLLM internal: Request.is_prefill_chunk / num_computed_tokens / num_tokens
         left = request.num_tokens - request.num_computed_tokens
         if request.is_prefill_chunk and left > 0:
-            views.append(PrefillingRequest(request.request_id, request.arrival_time, left))
+            views.append(
+                PrefillingRequest(
+                    request.request_id, request.arrival_time, left, request.num_tokens
+                )
+            )
         else:
             # vLLM internal: Request.num_tokens_with_spec / num_output_placeholders
             need = (
