@@ -50,10 +50,12 @@ class FairwayPolicy(FastScore):
 
     * O is scheduled at least a = min(d_O, E) tokens, E = clamp(F + fair deficit - fast deficit,
       F, P) >= F: so at least min(d_O, F) in every contested step until its prefill ends;
-    * the Fast lane gets the rest of P up to its demand: at least min(D, P - a) when O can stand
-      after enough Fast-lane prefills (always when O waits; when O runs, the Fast lane's
-      prefills already running can be put before it), else less in that step, with the
-      difference in the Fast ledger's deficit;
+    * the other P - a tokens go in Fast-score order over every prefill candidate, O's remaining
+      d_O - a included at O's own score (`_by_score`): while the Fast lane's requests outscore O
+      they get at least min(D, P - a); when O outscores them (misses only, the oldest first), O
+      gets the step. Running prefills this order does not reach are held back for the step.
+      Exception: when O runs and the requests owed tokens wait, vLLM serves O first, so O may
+      get more in that step (the Fast ledger books the shortfall);
     * the step is work-conserving: prefills get min(P, their demand) tokens in all, except a
       rounding remainder smaller than one request's cap where the prefills ahead of O are held
       back (below) or capped.
