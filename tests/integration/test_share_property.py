@@ -205,3 +205,45 @@ def test_long_miss_running_does_not_block_hits(offline, helpers):
     tokens = dict(out.num_scheduled_tokens)
     assert tokens["M"] == 409 and sum(tokens.values()) == 2_048
     helpers.check_queues(sched)
+
+
+@pytest.mark.parametrize("inject", ["step_share_raises", "apply_raises", "schedule_raises"])
+def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
+    """A failing share never stops the engine: vLLM's own step (order, threshold, running list),
+    counted as a fallback; an exception inside vLLM's schedule() still restores the settings."""
+    from fairway.vllm import share
+
+    sched = offline.make_offline_scheduler("fairway", num_blocks=500, max_num_batched_tokens=64)
+    for i in range(6):  # newest first in arrival time
+        sched.add_request(offline.make_request(f"r{i}", helpers.tokens(1_000 * i, 100), 10.0 - i))
+    sched.fairway_clock = lambda: 11.0
+    vllm_order = helpers.queue_ids(sched)
+    if inject == "step_share_raises":
+        monkeypatch.setattr(sched.fairway_policy, "step_share", _boom)
+    elif inject == "apply_raises":
+        monkeypatch.setattr(share, "apply", _boom)
+    else:
+        out, _ = offline.step(sched)  # r5 (oldest) gets its floor, the share is applied
+        assert sched.fairway_policy.last_share.cap is not None
+        base = type(sched).__mro__[2]  # vLLM's Scheduler under the mixin
+        monkeypatch.setattr(base, "schedule", _boom)
+        with pytest.raises(RuntimeError, match="injected"):
+            sched.schedule()
+        assert sched.scheduler_config.long_prefill_token_threshold == 0
+        assert sched.max_num_active_reqs == 64
+        return
+    out, _ = offline.step(sched)
+    # step_share failed: vLLM's FCFS order; apply failed: Fairway's order (oldest first) with
+    # vLLM's own split. Either way one request takes the whole 64-token budget (no cap).
+    head = vllm_order[0] if inject == "step_share_raises" else "r5"
+    assert dict(out.num_scheduled_tokens) == {head: 64}
+    assert sched.fairway_totals.policy_fallbacks >= 1
+    assert sched.scheduler_config.long_prefill_token_threshold == 0
+    helpers.check_queues(sched)
+    monkeypatch.undo()
+    offline.run_until_idle(sched)
+    assert not sched.requests
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("injected failure")
