@@ -90,6 +90,7 @@ def _run(offline, helpers, stream, async_scheduling):
     sched.add_request(offline.make_request("seed", PREFIX, 0.0))
     offline.run_until_idle(sched)
     sched.spy_steps.clear()
+    sched.spy_lanes_before = sum(sched.fairway_totals.lane_prefill_tokens.values())
     added, finished = [], []
     step_no = 0
     while step_no < len(stream) or sched.has_requests():
@@ -115,6 +116,14 @@ def _run(offline, helpers, stream, async_scheduling):
 def _check_steps(sched, async_scheduling) -> int:
     """Check every recorded step; returns the number of contested steps."""
     contested = 0
+    counted = sum(sched.fairway_totals.lane_prefill_tokens.values()) - sched.spy_lanes_before
+    prefilled = sum(
+        n
+        for pre, out, _, _ in sched.spy_steps
+        for rid, n in out.num_scheduled_tokens.items()
+        if rid in pre["prefilling"] or rid in pre["waiting"]
+    )
+    assert counted == prefilled, "every scheduled prefill token is counted once (async too)"
     for pre, out, share, post in sched.spy_steps:
         # The engine never sees Fairway's temporary settings outside schedule().
         assert (post["threshold"], post["adaptive"], post["active"]) == (
