@@ -256,3 +256,29 @@ def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
 
 def _boom(*args, **kwargs):
     raise RuntimeError("injected failure")
+
+
+def test_configured_and_adaptive_threshold_are_restored(offline, helpers):
+    """vLLM's own threshold (here 1,024, adaptive) governs uncontested steps and comes back after
+    every contested one; during a contested step Fairway's cap replaces it (adaptive suspended)."""
+    sched = offline.make_offline_scheduler(
+        "fairway",
+        num_blocks=6_000,
+        max_num_batched_tokens=2_048,
+        long_prefill_token_threshold=1_024,
+        long_prefill_token_threshold_adaptive=True,
+    )
+    sched.fairway_clock = lambda: 1.2
+    sched.add_request(offline.make_request("seed", PREFIX, 0.0))
+    offline.run_until_idle(sched)
+    sched.add_request(offline.make_request("M", helpers.tokens(100_000, 32_000), 1.0))
+    for i in range(40):
+        prompt = PREFIX + helpers.tokens(200_000 + 1_000 * i, 100)
+        sched.add_request(offline.make_request(f"H{i}", prompt, 1.1))
+    out, _ = offline.step(sched)
+    assert sched.fairway_policy.last_share.cap is not None
+    assert out.num_scheduled_tokens["M"] >= 409 and sum(out.num_scheduled_tokens.values()) == 2_048
+    assert sched.scheduler_config.long_prefill_token_threshold == 1_024
+    assert sched.adaptive_long_prefill_threshold is True
+    offline.run_until_idle(sched)
+    assert not sched.requests
