@@ -72,9 +72,10 @@ def test_share_series_count_lane_tokens_and_oldest_age(offline, helpers):
         lane: value("fairway:lane_prefill_tokens_total", lane=lane) - before[lane]
         for lane in before
     }
-    # "old" is the front while it prefills (300 tokens), then "new" is alone and the front.
+    # "old" is the front while it prefills (all its 300 tokens are fair), then "new" is alone and
+    # the front; how much "new" gets meanwhile (fast) depends on the two Fast scores.
     assert got["fair"] + got["fast"] == 400
-    assert got["fair"] >= 300 // 5 * 5 and got["fast"] >= 64 - 64 // 5  # both lanes served
+    assert got["fair"] >= 300
 
 
 def test_no_metrics_without_log_stats(offline, helpers):
