@@ -4,7 +4,7 @@
 - `step_time`: the one step-time model interface and its implementations (table, fits).
 - `profiler`: measure T(L) on a live server over HTTP.
 - `calibration`: fit a step-time model to an engine's own step times (self-calibration).
-- `commands`: the `fairway profile` verb.
+- the `fairway profile` verb lives in `fairway/cli/profile.py`.
 
 Must not import vllm.
 """

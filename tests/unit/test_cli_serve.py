@@ -108,7 +108,7 @@ def test_policy_args_and_options_are_json_scalars():
         "--policy-arg",
         "patience_floor_s=0.5",
         "--policy-arg",
-        "wait_mode=absolute",
+        "profile=cpu-tiny-llama",
         "--fairway-option",
         "protect=true",
         "--fairway-option",
@@ -117,7 +117,7 @@ def test_policy_args_and_options_are_json_scalars():
     assert additional_config(argv)["fairway"] == {
         "fast_weight": 2,
         "patience_floor_s": 0.5,
-        "wait_mode": "absolute",
+        "profile": "cpu-tiny-llama",
         "protect": True,
         "protect_top_k": 8,
     }
@@ -469,7 +469,7 @@ def test_serve_help_is_generated_from_the_option_docs(capsys):
     out = capsys.readouterr().out
     assert "fairway inspect" not in out
     assert "protect_top_k (default null; an integer >= 1, or null (the default))" in out
-    assert "fast_weight (default 4.0)" in out and "Multiplier on Fast-lane work" in out
+    assert "fast_weight (default 4.0)" in out and "Weight of the Fast lane against the Fair lane" in out
     assert "klpm, klpm-4, klpm-8:" in out
 
 
