@@ -154,3 +154,16 @@ def test_regeneration_command_writes_every_variant(tmp_path: Path,
     paths = write_presets(tmp_path / "flood", ["flood"])
     assert [p.read_bytes() for p in paths] == [
         shipped_path("flood").read_bytes(), shipped_path("flood", quick=True).read_bytes()]
+
+
+def test_the_package_data_ships_the_files() -> None:
+    # A wheel carries what pyproject.toml's package-data names; every shipped file must match.
+    import fnmatch
+    import tomllib
+
+    root = PRESET_DIR.parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["fairway"]
+    for path in PRESET_DIR.iterdir():
+        relative = path.relative_to(root / "fairway").as_posix()
+        assert any(fnmatch.fnmatch(relative, p) for p in patterns), relative
