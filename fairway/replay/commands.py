@@ -74,7 +74,7 @@ def register(subparsers: Any) -> None:
                         help="per-request timeout in seconds (default: the live replay's, 600)")
     replay.add_argument("--vocab-size", type=int, default=None,
                         help="token ids are drawn below this; at most the model's vocabulary "
-                        "(default 32000; the tiny CPU model has 1024)")
+                        "(default 32000; the tiny CPU model has 512)")
     replay.add_argument("--quick", action="store_true", help="shorten a preset trace")
     replay.add_argument("--out", default=None, metavar="DIR",
                         help="output directory (default results/replay-<timestamp>)")
