@@ -5,6 +5,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: setup test unit integration e2e lint bench compat
 
@@ -30,5 +31,7 @@ compat: setup
 lint: setup
 	$(VENV)/bin/ruff check fairway tests benchmarks
 
+# The default benchmark on the traces shipped in the package (no data directory needed);
+# BENCH_ARGS=--quick is the smoke run of CI (.ci/run).
 bench: setup
-	$(VENV)/bin/fairway bench
+	$(VENV)/bin/fairway bench $(BENCH_ARGS)

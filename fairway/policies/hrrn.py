@@ -19,8 +19,7 @@ class HRRNPolicy(Policy):
     c = `remaining` (uncached tokens; always >= 1 here, so SGLang's "c <= 0 goes first" case cannot
     occur). This is textbook HRRN's (wait + service) / service minus the constant 1, with wait
     measured in work the engine did instead of seconds. Source: SGLang
-    `python/sglang/srt/managers/schedule_policy.py` (`_sort_by_hrrn`, 2026 main); see
-    `research/baselines.md` §1.2 and §6.2.
+    `python/sglang/srt/managers/schedule_policy.py` (`_sort_by_hrrn`, 2026 main).
 
     Choices:
         * T_seen is taken at the first `order()` call that contains the id (SGLang snapshots at

@@ -22,7 +22,7 @@ class LPMPolicy(Policy):
 
     Formula: sort key −h_r (h = `cached_tokens`, absolute tokens), ascending, stable.
     Source: SGLang `python/sglang/srt/managers/schedule_policy.py` (`calc_priority`, policy
-    `lpm`); see `research/baselines.md` §1.
+    `lpm`).
 
     Tie-break (choice): "stable" means what it means in SGLang, whose waiting queue is a
     persistent Python list sorted in place every step: equal hits keep the order this policy
@@ -42,7 +42,7 @@ class LPMPolicy(Policy):
 
     Deliberate omission: SGLang's in-batch prefix caching (cold requests sharing >= 32 tokens with
     an earlier cold one are deferred to the end for one step) is not implemented, because no other
-    arm has it (`research/baselines.md` pitfall P8).
+    arm has it (k-LPM's and RAGCache's papers describe none): all arms or none.
 
     Caller's contract: call `order()` once per step with the whole waiting queue and apply the
     returned order; the remembered order is forgotten for ids that leave the queue, so memory is
@@ -94,7 +94,7 @@ class KLPMPolicy(Policy):
     """k-LPM: one oldest request, then k−1 longest-hit requests, repeating over admissions.
 
     Source: Dexter et al., "LLM Query Scheduling with Prefix Reuse and Latency Constraints",
-    arXiv 2502.04677, Algorithm 1; see `research/baselines.md` §2. k = 1 is FCFS, k → ∞ is LPM.
+    arXiv 2502.04677, Algorithm 1. k = 1 is FCFS, k → ∞ is LPM.
 
     Rule: a counter `admitted` of requests the engine actually started persists across steps.
     Position i of this step's order has global index j = admitted + i; if j mod k == 0 it takes

@@ -25,10 +25,11 @@ class PEEKPolicy(Policy):
     the h cached ones, so `saved` slightly overstates the saving of long hits (a 1-D table has
     nothing better). With h = 0, saved = 0.
 
-    Source: PEEK's paper or code could not be found (`research/baselines.md` §5), so this is the
-    proxy defined there and must be labelled "PEEK-proxy", not PEEK. The described system also
-    protects the cache blocks that waiting requests need from eviction; that half is not an ordering
-    and lives in the vLLM integration (`fairway/vllm/protect.py`), not here.
+    Source: no paper or code of PEEK could be found, so this is a proxy of its description ("ranks
+    by the prefill its cache saves") and must be labelled "PEEK-proxy", not PEEK. The described
+    system also protects the cache blocks that waiting requests need from eviction (as vLLM RFC
+    #48485 proposes); that half is not an ordering and lives in the vLLM integration
+    (`fairway/vllm/protect.py`), not here.
 
     Tie-breaks: equal saving by arrival, then queue position.
 

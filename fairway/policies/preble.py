@@ -19,7 +19,7 @@ class PreblePolicy(Policy):
 
     Source: Srivatsa et al., "Preble", arXiv 2407.00023 (ICLR 2025); rule read from the code,
     `WukLab/preble` `python/sglang/srt/managers/router/model_rpc.py` (`get_new_fill_batch_v2`,
-    `get_schedule_group`), heuristic `fcfs-mpq`; see `research/baselines.md` §4.
+    `get_schedule_group`), heuristic `fcfs-mpq`.
 
     Rule:
         * groups: a request is bucketed once, when this policy first sees its id, by its hit

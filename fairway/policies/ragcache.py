@@ -20,9 +20,8 @@ class RAGCachePolicy(Policy):
 
     Formula: OrderPriority_r = h_r / max(c_r, 1), where h = `cached_tokens` and c = `remaining`
     (uncached tokens, already >= 1). Source: Jin et al., "RAGCache", arXiv 2404.12457, §5.2
-    "Cache-aware Reordering" (formula confirmed through a secondary reading; see
-    `research/baselines.md` §3). The ratio, not absolute h, avoids favouring long prompts that are
-    only partly cached.
+    "Cache-aware Reordering" (formula confirmed through a secondary reading). The ratio, not
+    absolute h, avoids favouring long prompts that are only partly cached.
 
     Anti-starvation window (choice): the paper serves a request "regardless of its priority" once it
     has waited longer than a window, but its unit and default were not recovered. Here the window is

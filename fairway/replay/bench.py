@@ -42,28 +42,9 @@ POLICY_ORDER = (
     "fcfs", "lpm", "klpm", "klpm-4", "klpm-8", "hrrn", "ragcache", "preble", "peek",
     "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
 )
-#: `--quick` shortens every phase of a preset's shape to this share of its length (and a
-#: recorded-arrival trace's window likewise), keeping loads, so the same story in a quarter of
-#: the time.
-QUICK_FACTOR = 0.25
 
 
 # --- traces ---------------------------------------------------------------------------------------
-
-
-def quick_overrides(preset: str, factor: float = QUICK_FACTOR) -> dict[str, Any]:
-    """Preset overrides for a shorter trace: every phase (or the Mooncake window) x `factor`."""
-    from fairway.traces.build import preset_arguments
-    from fairway.traces.shapes import get_shape
-
-    args = preset_arguments(preset)
-    if args["shape"] is None:
-        window = args["params"].get("window_s")
-        return {} if window is None else {"window_s": round(window * factor, 6)}
-    shape = get_shape(args["shape"])
-    return {"shape": ",".join(
-        f"{p.name}:{p.load:g}:{p.duration_s * factor:g}" for p in shape.phases
-    )}
 
 
 def trace_label(spec: str, quick: bool) -> str:
@@ -81,17 +62,21 @@ def load_trace_spec(
     spec: str, *, quick: bool = False, cache_dir: str | Path | None = None,
     capacity_tps: float | None = None, **overrides: Any,
 ) -> Any:
-    """A trace from a file, or a preset built on the fly (or read from `cache_dir`).
+    """A trace from a file, a shipped preset, or a preset built on the fly (or read from
+    `cache_dir`).
 
-    Presets are deterministic, so a cached build is the same trace; the cache file name carries
-    the overrides. Files are used as they are (`quick` does not shorten them).
+    A preset as registered and its quick variant ship with the package (`fairway.traces.shipped`)
+    and need no data; other variants are built from the source data. Presets are deterministic,
+    so a cached build is the same trace; the cache file name carries the overrides. Files are used
+    as they are (`quick` does not shorten them).
 
     Raises:
         TraceError: neither a file nor a preset (the message lists the presets), or the data a
-            preset needs is missing (the traces module says which command fetches it).
+            non-shipped variant needs is missing (the message says which file and how to get it).
     """
-    from fairway.traces.build import PRESETS, build_preset
+    from fairway.traces.build import PRESETS, quick_overrides
     from fairway.traces.format import load_trace, write_trace
+    from fairway.traces.shipped import build_from_sources, shipped_trace
 
     path = Path(spec)
     if path.exists():
@@ -101,6 +86,9 @@ def load_trace_spec(
             f"--trace {spec!r} is neither a trace file nor a preset; presets: "
             f"{', '.join(sorted(PRESETS))} (or build a file with `fairway trace build`)"
         )
+    shipped = shipped_trace(spec, quick=quick, capacity_tps=capacity_tps, **overrides)
+    if shipped is not None:
+        return shipped
     params = {**(quick_overrides(spec) if quick else {}), **overrides}
     cached = None
     if cache_dir is not None:
@@ -111,7 +99,7 @@ def load_trace_spec(
         if cached.exists():
             logger.info("trace %s from the cache %s", spec, cached)
             return load_trace(cached)
-    trace = build_preset(spec, capacity_tps, **params)
+    trace = build_from_sources(spec, capacity_tps, quick=quick, **overrides)
     if cached is not None:
         write_trace(trace, cached)
     return trace

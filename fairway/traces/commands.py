@@ -20,9 +20,12 @@ def register(subparsers: Any) -> None:
         "build", help="build a trace from a preset or a family",
         description="Build a trace file. FAMILY_OR_PRESET is a preset (see `fairway trace "
         "list`), whose seed, shape and parameters the options override, or a family (seed 0 "
-        "unless given). A name that is both (sec-long, musique, mooncake, flood) is the preset.",
+        "unless given). A name that is both (sec-long, musique, mooncake, flood) is the preset. "
+        "Traces are built from the source data (`fairway data path`); a preset as registered "
+        "is also shipped with the package and is copied from there when the data is absent. "
+        "--all-presets --into DIR rebuilds every shipped preset file from the source data.",
     )
-    build.add_argument("name", metavar="FAMILY_OR_PRESET")
+    build.add_argument("name", metavar="FAMILY_OR_PRESET", nargs="?")
     build.add_argument("--seed", type=int, default=None,
                        help="random seed (default: the preset's, or 0)")
     build.add_argument("--shape", default=None,
@@ -33,8 +36,12 @@ def register(subparsers: Any) -> None:
                        "(default: the shipped profile's)")
     build.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                        help="family parameter (repeatable); see `fairway trace list`")
-    build.add_argument("-o", "--output", required=True, help="output file (.jsonl or .jsonl.gz)")
+    build.add_argument("-o", "--output", help="output file (.jsonl or .jsonl.gz)")
     build.add_argument("--force", action="store_true", help="overwrite an existing --output")
+    build.add_argument("--all-presets", action="store_true",
+                       help="build every preset and its --quick variant from the source data "
+                       "into --into (the files shipped in fairway/traces/presets)")
+    build.add_argument("--into", metavar="DIR", help="output directory of --all-presets")
     build.set_defaults(handler=_build)
 
     stats = tsub.add_parser("stats", help="summarize a trace file")
@@ -100,16 +107,16 @@ def refuse_overwrite(path: str | Path, force: bool, flag: str = "--output") -> N
 
 
 def _build(args: argparse.Namespace) -> int:
-    from fairway.traces.build import (
-        FAMILIES,
-        PRESETS,
-        build_preset,
-        build_trace,
-        get_family,
-        parse_param_strings,
-    )
+    from fairway.errors import TraceError
+    from fairway.traces.build import FAMILIES, PRESETS, build_trace, get_family, parse_param_strings
+    from fairway.traces.data import MissingDataError
     from fairway.traces.format import write_trace
+    from fairway.traces.shipped import build_from_sources, shipped_trace
 
+    if args.all_presets:
+        return _build_all(args)
+    if args.name is None or args.output is None or args.into is not None:
+        raise TraceError("trace build takes FAMILY_OR_PRESET -o FILE, or --all-presets --into DIR")
     refuse_overwrite(args.output, args.force)
     params: dict[str, Any] = parse_param_strings(args.param)
     started = time.perf_counter()
@@ -118,7 +125,15 @@ def _build(args: argparse.Namespace) -> int:
             params["seed"] = args.seed
         if args.shape is not None:
             params["shape"] = args.shape
-        trace = build_preset(args.name, args.capacity_tps, **params)
+        try:
+            trace = build_from_sources(args.name, args.capacity_tps, **params)
+        except MissingDataError:
+            shipped = shipped_trace(args.name, capacity_tps=args.capacity_tps, **params)
+            if shipped is None:
+                raise
+            trace = shipped
+            print(f"source data absent: copying the shipped preset {args.name} (the same bytes "
+                  "as a build from the sources)", file=sys.stderr)
     else:
         if args.name not in FAMILIES:
             get_family(args.name)  # raises with the known names
@@ -130,6 +145,20 @@ def _build(args: argparse.Namespace) -> int:
         f"in {time.perf_counter() - started:.2f} s",
         file=sys.stderr,
     )
+    return 0
+
+
+def _build_all(args: argparse.Namespace) -> int:
+    from fairway.errors import TraceError
+    from fairway.traces.shipped import write_presets
+
+    if args.into is None or args.name is not None or args.output is not None or args.param or (
+            args.seed is not None or args.shape is not None or args.capacity_tps is not None):
+        raise TraceError("--all-presets takes only --into DIR (the presets' own settings are used)")
+    started = time.perf_counter()
+    paths = write_presets(args.into, progress=lambda line: print(line, file=sys.stderr))
+    elapsed = time.perf_counter() - started
+    print(f"wrote {len(paths)} preset files to {args.into} in {elapsed:.1f} s", file=sys.stderr)
     return 0
 
 
@@ -166,10 +195,12 @@ def _list(args: argparse.Namespace) -> int:
 
     from fairway.traces.build import FAMILIES, PRESETS
     from fairway.traces.shapes import SHAPES
+    from fairway.traces.shipped import shipped_path
 
-    print("presets:")
+    print("presets (shipped: built into the package, no data needed; also with --quick):")
     for name, spec in PRESETS.items():
-        print(f"  {name:<10} {spec['description']}")
+        mark = "" if shipped_path(name).is_file() else " [not shipped: needs the source data]"
+        print(f"  {name:<10} {spec['description']}{mark}")
     print("\nshapes:")
     for name, shape in SHAPES.items():
         phases = ", ".join(f"{p.name} {p.load:g}x {p.duration_s:g}s" for p in shape.phases)
@@ -190,7 +221,8 @@ def _download(args: argparse.Namespace) -> int:
     if skipped:
         print(
             "note: " + ", ".join(r.name for r in skipped) + " cannot be downloaded (derived "
-            "data); the SEC traces need it, the other families do not",
+            "data, see above): without it the sec and sec-long families build only with "
+            "--param sources=10k; the shipped presets need no data",
             file=sys.stderr,
         )
     return 0

@@ -1,4 +1,8 @@
-"""Where the workload data lives, and `fairway data download` to fetch the public sources.
+"""Where the source data of the trace builders lives, and `fairway data download` to fetch it.
+
+The preset traces ship built inside the package (`fairway.traces.shipped`), so the benchmark and
+the tests need none of this; the sources are read only to build a trace that is not shipped (other
+seeds, shapes, loads or parameters) or to regenerate the shipped ones.
 
 Resolution order of the data directory (`data_dir`):
 
@@ -12,10 +16,12 @@ Resolution order of the data directory (`data_dir`):
 downloaded into the cache is found even when ../shared/data exists); with ``$FAIRWAY_DATA`` set,
 only there.
 
-Each file is checked against the sha256 published in the data READMEs. Two files are special:
+Each downloaded file is checked against the sha256 recorded in `SOURCES`. Two files are special:
 the SEC 10-K sample is a merge of 142 upstream JSON files (its check is on the decompressed
-content, since gzip headers differ), and ``financebench_filing_pages.jsonl.gz`` is derived here
-(page text extracted from FinanceBench PDFs) and cannot be downloaded at all.
+content, since gzip headers differ), and ``financebench_filing_pages.jsonl.gz`` is derived (page
+text extracted from FinanceBench's filing PDFs) and has no download: `download` says so. Without
+it the SEC families build only with ``--param sources=10k`` (so the shipped `sec-*` presets, which
+use both corpora, cannot be regenerated); every other source downloads.
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ from fairway.errors import TraceError
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "FAIRWAY_DATA"
+
+
+class MissingDataError(TraceError):
+    """A source data file is not in the data directory (the message says how to get it)."""
+
 
 _MOONCAKE_COMMIT = "3b5a594133958449a1feaf1c9e0fc1b553e34a28"
 _FINANCEBENCH_COMMIT = "cc39aeb4afdf33909ee1412188bf89035950c2eb"
@@ -138,8 +149,9 @@ SOURCES: tuple[DataSource, ...] = (
         "436c724361780bdb66da8dfbc8f3a6f37e3e899e635b90df3231036b71596b6a",
         "derived",
         (),
-        "page text extracted with pypdfium2 from FinanceBench's filing PDFs; not downloadable: "
-        "copy it from a Fairway checkout's shared/data/financebench/ (see its README.md)",
+        "page text of 74 FinanceBench filings, extracted with pypdfium2 from the PDFs in "
+        f"patronus-ai/financebench@{_FINANCEBENCH_COMMIT[:7]} pdfs/ (one JSON line per page: "
+        "doc_name, zero-based page_num, text); Fairway has no download or extractor for it",
     ),
     DataSource(
         "musique/musique_ans_v1.0_dev.subset200.jsonl",
@@ -212,13 +224,13 @@ def data_file(name: str) -> Path:
             return root / name
     src = next((s for s in SOURCES if s.name == name), None)
     if src is not None and src.kind == "derived":
-        fix = (f"it cannot be downloaded ({src.note}); or set ${ENV_VAR} to a directory that "
+        fix = (f"it cannot be downloaded ({src.note}); set ${ENV_VAR} to a directory that "
                "holds it")
     else:
         fix = (f"run `fairway data download` to fetch it (into {_default_dest()}), or set "
                f"${ENV_VAR} to a directory that holds it")
     where = ", ".join(f"{root} ({how})" for root, how in dirs)
-    raise TraceError(f"data file {name} not found in {where}; {fix}")
+    raise MissingDataError(f"data file {name} not found in {where}; {fix}")
 
 
 @lru_cache(maxsize=64)

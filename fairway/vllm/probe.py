@@ -439,6 +439,11 @@ INTERNAL_NAMES: tuple[str, ...] = (
     "BlockPool.hash_block_size",
     "FreeKVCacheBlockQueue.remove",
     "FreeKVCacheBlockQueue.append",
+    "FreeKVCacheBlockQueue.fake_free_list_tail",
+    "KVCacheBlock.ref_cnt",
+    "KVCacheBlock.block_hash",
+    "KVCacheBlock.is_null",
+    "KVCacheBlock.prev_free_block",
 )
 
 
@@ -455,6 +460,7 @@ def check_internals(scheduler: Scheduler) -> list[str]:
     objects["BlockPool"] = pool
     objects["BlockHashToBlockMap"] = getattr(pool, "cached_block_hash_to_block", None)
     objects["FreeKVCacheBlockQueue"] = getattr(pool, "free_block_queue", None)
+    objects["KVCacheBlock"] = KVCacheBlock(0)
     for name in INTERNAL_NAMES:
         owner, attr = name.split(".")
         obj = objects.get(owner)

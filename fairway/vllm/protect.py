@@ -5,7 +5,9 @@ the cached hit blocks of the first K waiting requests that no one holds (ref_cnt
 free queue, evictable) are moved to the MRU end of vLLM's free queue, the top request's first block
 last. vLLM evicts from the LRU head, so those blocks go only after every other evictable block.
 Nothing is pinned: ref counts and the free-block count are unchanged, so admission can never
-deadlock on protected blocks (hard pins do: see research/vllm_internals.md §3.4).
+deadlock on protected blocks. Hard pins (`BlockPool.touch` before the scan) would: they take the
+blocks out of the free count, so a head request that needs every free block is refused at every
+step while the pins last.
 
 Oversized requests: vLLM's scan stops at the first request whose blocks do not fit. A request that
 needs more blocks than the whole cache has would stop it forever, under any ordering.
@@ -53,6 +55,7 @@ def protect_hit_blocks(
         for block in chain[start:]:
             seen.add(id(block))
             # ref_cnt == 0 <=> the block is in the free queue (the null block never is).
+            # vLLM internals: KVCacheBlock.ref_cnt, KVCacheBlock.block_hash, KVCacheBlock.is_null
             if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null:
                 wanted.append(block)
     if not wanted or _already_at_mru_end(free_queue, wanted):
@@ -65,7 +68,8 @@ def protect_hit_blocks(
 
 def _already_at_mru_end(free_queue: FreeKVCacheBlockQueue, wanted: list[KVCacheBlock]) -> bool:
     """True if the queue already ends with wanted[-1], ..., wanted[0] (the steady state)."""
-    node = getattr(free_queue, "fake_free_list_tail", None)  # vLLM internal: list sentinel
+    # vLLM internals: FreeKVCacheBlockQueue.fake_free_list_tail, KVCacheBlock.prev_free_block
+    node = getattr(free_queue, "fake_free_list_tail", None)  # the list's tail sentinel
     if node is None:
         return False
     for block in wanted:
@@ -78,11 +82,6 @@ def _already_at_mru_end(free_queue: FreeKVCacheBlockQueue, wanted: list[KVCacheB
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """KV blocks a request of `num_tokens` tokens occupies (ceil division)."""
     return -(-num_tokens // block_size)
-
-
-def is_oversized(num_tokens: int, block_size: int, usable_blocks: int) -> bool:
-    """True if the request could not be admitted even into an empty cache."""
-    return blocks_needed(num_tokens, block_size) > usable_blocks
 
 
 def log_oversized(request_id: str, num_tokens: int, block_size: int, usable_blocks: int) -> None:

@@ -176,13 +176,12 @@ def test_bad_arguments_are_user_errors(tmp_path, capsys, args, message):
     assert err.startswith("fairway: error:") and message in err
 
 
-def test_missing_data_reaches_the_user_as_an_error(tmp_path, monkeypatch, capsys):
+def test_default_traces_need_no_data(tmp_path, monkeypatch, capsys):
+    # The default SEC presets ship with the package: an empty data directory is enough.
     monkeypatch.setenv("FAIRWAY_DATA", str(tmp_path / "empty"))
     (tmp_path / "empty").mkdir()
-    code = cli.main(
-        ["bench", "--quick", "--policy", "fcfs", "--out", str(tmp_path / "o"), "--no-progress"]
-    )
-    assert code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("fairway: error:") and "FAIRWAY_DATA" in err
-    assert not (tmp_path / "o").exists()
+    code = cli.main(["bench", "--quick", "--policy", "fcfs", "--workers", "0", "--out",
+                     str(tmp_path / "o"), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert sorted(replays(tmp_path / "o")) == ["sec-a-quick--fcfs.json", "sec-b-quick--fcfs.json"]
+    assert "| fcfs |" in (tmp_path / "o" / "report.md").read_text()

@@ -22,6 +22,24 @@ def test_live_scheduler_has_every_internal(offline):
         assert probe.check_internals(sched) == []
 
 
+def test_protect_reads_only_checked_internals():
+    """Every vLLM internal that protect.py reads (each marked "vLLM internal(s): ...") is in the
+    start-up check list, so a vLLM that renames one fails at start-up, not in a scheduling step."""
+    import re
+    from pathlib import Path
+
+    from fairway.vllm import probe, protect
+
+    text = Path(protect.__file__).read_text()
+    marked = {
+        name.strip()
+        for names in re.findall(r"vLLM internals?: ([^\n]*)", text)
+        for name in re.findall(r"[A-Z]\w+\.\w+", names)
+    }
+    assert "FreeKVCacheBlockQueue.remove" in marked and "KVCacheBlock.ref_cnt" in marked
+    assert marked - set(probe.INTERNAL_NAMES) == set()
+
+
 def test_queue_is_a_deque():
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
 

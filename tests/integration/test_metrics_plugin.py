@@ -185,12 +185,30 @@ def test_plugin_register(restore_fairway_logger, monkeypatch):
 def test_plugin_never_raises(restore_fairway_logger, monkeypatch):
     from fairway.vllm import plugin
 
+    calls: list[str] = []
+    seen: list[logging.LogRecord] = []
+
     def broken():
+        calls.append("attach")
         raise RuntimeError("boom")
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
 
     monkeypatch.setattr(plugin, "_registered", False)
     monkeypatch.setattr(plugin, "attach_vllm_logging", broken)
-    plugin.register()  # logs, does not raise
+    catch = Catch(logging.DEBUG)
+    plugin.logger.addHandler(catch)
+    try:
+        plugin.register()  # must log the failure, not raise it
+        plugin.register()  # and not try again
+    finally:
+        plugin.logger.removeHandler(catch)
+    assert calls == ["attach"]
+    errors = [r for r in seen if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["Fairway plugin registration failed"]
+    assert errors[0].exc_info is not None and str(errors[0].exc_info[1]) == "boom"
 
 
 @pytest.mark.parametrize(

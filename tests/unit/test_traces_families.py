@@ -1,6 +1,7 @@
 """Builders: determinism, prefix sharing (SEC, MuSiQue), phases, flood mix, the registry.
 
-SEC and MuSiQue read ../shared/data through `data_dir()` and are skipped when it is absent.
+SEC and MuSiQue build from the source data (the `sources` fixture of tests/conftest.py) and are
+skipped, with the reason, where it is absent.
 Traces are kept short with inline shapes so the module runs in a few seconds.
 """
 
@@ -34,8 +35,8 @@ def _need(*names: str) -> None:
         try:
             data_file(name)
         except TraceError:
-            pytest.skip(f"data file {name} not found (data directory {data_dir()}); "
-                        "run `fairway data download`")
+            pytest.skip(f"source data file {name} not found (data directory {data_dir()}): "
+                        "this test checks a build from the source data")
 
 
 def _need_sec() -> None:
@@ -194,9 +195,11 @@ def test_flood_preset_builds() -> None:
 
 
 @pytest.fixture(scope="module")
-def sec_trace() -> Trace:
-    _need_sec()
-    return build_trace("sec", 11, SHORT, CAPACITY, zipf_s=1.2, drift_per_min=2.0)
+def sec_trace(source_data_dir: Path) -> Trace:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FAIRWAY_DATA", str(source_data_dir))
+        _need_sec()
+        return build_trace("sec", 11, SHORT, CAPACITY, zipf_s=1.2, drift_per_min=2.0)
 
 
 def test_sec_requests_on_one_filing_share_all_excerpts(sec_trace: Trace) -> None:
@@ -219,7 +222,7 @@ def test_sec_requests_on_one_filing_share_all_excerpts(sec_trace: Trace) -> None
     assert 1500 < lengths[len(lengths) // 2] < 8000  # a few thousand tokens
 
 
-def test_sec_deterministic_and_seeded(sec_trace: Trace) -> None:
+def test_sec_deterministic_and_seeded(sec_trace: Trace, sources: Path) -> None:
     again = build_trace("sec", 11, SHORT, CAPACITY, zipf_s=1.2, drift_per_min=2.0)
     other = build_trace("sec", 12, SHORT, CAPACITY, zipf_s=1.2, drift_per_min=2.0)
     assert trace_bytes(again) == trace_bytes(sec_trace)
@@ -235,7 +238,7 @@ def test_sec_popularity_is_skewed(sec_trace: Trace) -> None:
     assert counts[0] >= 3 * counts[len(counts) // 2]
 
 
-def test_sec_drift_rotates_the_popular_filing() -> None:
+def test_sec_drift_rotates_the_popular_filing(sources: Path) -> None:
     _need_sec()
     # zipf_s=3 puts ~80% of requests on rank 0; a shift every second changes who holds it.
     still = build_trace("sec", 2, "calm:1:20", CAPACITY, zipf_s=3.0)
@@ -246,7 +249,7 @@ def test_sec_drift_rotates_the_popular_filing() -> None:
     assert len(top_moving) >= 5
 
 
-def test_sec_long_lengths() -> None:
+def test_sec_long_lengths(sources: Path) -> None:
     _need_sec()
     trace = build_trace("sec-long", 3, "calm:1:60", CAPACITY, max_prompt_tokens=12000)
     lengths = [r.prompt_tokens for r in trace.requests]
@@ -258,9 +261,11 @@ def test_sec_long_lengths() -> None:
 
 
 @pytest.fixture(scope="module")
-def musique_trace() -> Trace:
-    _need_musique()
-    return build_trace("musique", 5, SHORT, CAPACITY, think_mean_s=1.5)
+def musique_trace(source_data_dir: Path) -> Trace:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FAIRWAY_DATA", str(source_data_dir))
+        _need_musique()
+        return build_trace("musique", 5, SHORT, CAPACITY, think_mean_s=1.5)
 
 
 def test_musique_hops_extend_previous_hop(musique_trace: Trace) -> None:
@@ -282,7 +287,7 @@ def test_musique_hops_extend_previous_hop(musique_trace: Trace) -> None:
         assert [r.tags["hop"] for r in reqs] == list(range(1, len(reqs) + 1))
 
 
-def test_musique_deterministic_and_phases(musique_trace: Trace) -> None:
+def test_musique_deterministic_and_phases(musique_trace: Trace, sources: Path) -> None:
     again = build_trace("musique", 5, SHORT, CAPACITY, think_mean_s=1.5)
     assert trace_bytes(again) == trace_bytes(musique_trace)
     assert trace_bytes(build_trace("musique", 6, SHORT, CAPACITY, think_mean_s=1.5)) != (
