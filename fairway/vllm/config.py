@@ -30,6 +30,11 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "protect_top_k": None,
     "reorder_preempted": False,
     "self_calibrate": False,
+    # The decision trace (fairway.vllm.decisions); off unless a path is given.
+    "decision_trace": None,
+    "decision_trace_every": 10,
+    "decision_trace_head": 16,
+    "decision_trace_max_bytes": 64 * 1024 * 1024,
 }
 _JSON_SOURCE = "--additional-config"
 
@@ -48,6 +53,10 @@ class FairwayOptions:
             in their current order; True lets the policy place them like any other request.
         self_calibrate: learn the prefill-time table T(L) from the engine's own step times
             (`fairway.vllm.calibrate`) and hand it to the policy; off by default.
+        decision_trace: path of the decision trace (JSONL, `fairway.vllm.decisions`); None: off.
+        decision_trace_every: write a record every this many steps with a waiting queue.
+        decision_trace_head: queue positions per record (the head of Fairway's order).
+        decision_trace_max_bytes: rotate the file (PATH.1, PATH.2) past this size.
         sources: where each non-default value came from (JSON or env var name), for logs.
     """
 
@@ -57,6 +66,10 @@ class FairwayOptions:
     protect_top_k: int | None = None
     reorder_preempted: bool = False
     self_calibrate: bool = False
+    decision_trace: str | None = None
+    decision_trace_every: int = 10
+    decision_trace_head: int = 16
+    decision_trace_max_bytes: int = 64 * 1024 * 1024
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -81,6 +94,7 @@ class FairwayOptions:
             "protect_top_k": self.protect_top_k,
             "reorder_preempted": self.reorder_preempted,
             "self_calibrate": self.self_calibrate,
+            "decision_trace": self.decision_trace,
         }
 
     @classmethod
@@ -125,6 +139,10 @@ class FairwayOptions:
             protect_top_k=_optional_positive_int(values, sources, "protect_top_k"),
             reorder_preempted=bool(_optional_bool(values, sources, "reorder_preempted")),
             self_calibrate=bool(_optional_bool(values, sources, "self_calibrate")),
+            decision_trace=_optional_path(values, sources, "decision_trace"),
+            decision_trace_every=_positive_int(values, sources, "decision_trace_every"),
+            decision_trace_head=_positive_int(values, sources, "decision_trace_head"),
+            decision_trace_max_bytes=_positive_int(values, sources, "decision_trace_max_bytes"),
             sources=sources,
         )
         _check_params(options)
@@ -213,6 +231,26 @@ def _optional_positive_int(
     raise FairwayConfigError(
         f"Fairway option {key}={value!r} (from {_where(sources, key)}) must be an integer >= 1 "
         "or null (default: max_num_seqs)"
+    )
+
+
+def _positive_int(values: Mapping[str, Any], sources: Mapping[str, str], key: str) -> int:
+    value = values.get(key, OPTION_DEFAULTS[key])
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise FairwayConfigError(
+        f"Fairway option {key}={value!r} (from {_where(sources, key)}) must be an integer >= 1 "
+        f"(default {OPTION_DEFAULTS[key]})"
+    )
+
+
+def _optional_path(values: Mapping[str, Any], sources: Mapping[str, str], key: str) -> str | None:
+    value = values.get(key, OPTION_DEFAULTS[key])
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise FairwayConfigError(
+        f"Fairway option {key}={value!r} (from {_where(sources, key)}) must be a file path "
+        "or null (off)"
     )
 
 

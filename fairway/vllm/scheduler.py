@@ -27,7 +27,7 @@ from vllm.v1.request import Request
 import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
-from fairway.vllm import plugin, probe, protect
+from fairway.vllm import observe, plugin, probe, protect
 from fairway.vllm.config import FairwayOptions
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
@@ -91,6 +91,8 @@ class FairwaySchedulerMixin:
         )
         plugin.attach_vllm_logging()  # also when the entry point is not installed
         self._fairway_calibration = _make_calibration(self) if options.self_calibrate else None
+        # issue 14: hit/miss queue metrics and the decision trace; None (nil cost) when both off
+        self._fairway_observer = observe.for_scheduler(self)
         _log_start(options, policy, self)
 
     def set_fairway_clock(self, clock: Callable[[], float]) -> None:
@@ -104,6 +106,8 @@ class FairwaySchedulerMixin:
         prepass_s = time.perf_counter() - start
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         self._fairway_after_step(output, placed, prepass_s)
+        if self._fairway_observer is not None:  # issue 14 hook (never raises)
+            self._fairway_observer.after_schedule(output, placed)
         if self._fairway_calibration is not None:
             self._fairway_calibrate("on_schedule", output)
         return output
@@ -111,10 +115,13 @@ class FairwaySchedulerMixin:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
     ) -> Any:
-        """vLLM's unchanged; only tells self-calibration (if on) that the step's output is in."""
+        """vLLM's unchanged; then tells self-calibration and the observer (if on) it is in."""
         if self._fairway_calibration is not None:
             self._fairway_calibrate("on_update", scheduler_output)
-        return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+        result = super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+        if self._fairway_observer is not None:  # issue 14 hook (never raises)
+            self._fairway_observer.after_update()
+        return result
 
     def _fairway_calibrate(self, hook: str, output: SchedulerOutput) -> None:
         """Call a `SchedulerCalibration` hook; a failure only skips calibration this step."""
