@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "fairway.profile_commands",  # profile
     "fairway.vllm.commands",     # serve, tiny-model
     "fairway.traces.commands",   # trace, data
+    "fairway.inspect_commands",  # inspect
 )
 
 
