@@ -144,7 +144,18 @@ def _replay(args: argparse.Namespace) -> int:
         f"{results_io.safe_name(args.label)}.json", **kwargs,
     )
     outcome = write_bench_report([result], out_dir, None, result.wall_s)
+    vllm_path = _save_vllm_shape(result, trace, out_dir)  # issue 14: `vllm bench serve` shape
     print(outcome.markdown)
-    print(f"wrote the live replay ({result.n_errors} errors) and its report to {out_dir}",
+    print(f"wrote the live replay ({result.n_errors} errors) and its report to {out_dir} "
+          f"(in `vllm bench serve --save-result --save-detailed`'s shape: {vllm_path})",
           file=sys.stderr)
     return 0
+
+
+def _save_vllm_shape(result: Any, trace: Any, out_dir: Any) -> Any:
+    """`<out>/vllm-bench/<trace>--<label>.json`; output_lens are the requested max_tokens."""
+    from fairway.replay.results import file_name
+    from fairway.replay.vllm_result import save_vllm_result
+
+    return save_vllm_result(result, out_dir / "vllm-bench" / file_name(result),
+                            output_lens=[r.max_tokens for r in trace.requests])
