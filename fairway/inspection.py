@@ -415,7 +415,7 @@ def render(report: Mapping[str, Any]) -> str:
     vllm = report["vllm_latency"]
     lines.append(f"  vLLM TTFT     {_lat(vllm['ttft'])}   (all requests, vLLM's histogram)")
     lines.append(f"  vLLM queue    {_lat(vllm['queue_time'])}")
-    lines.append(f"  ({report['estimates']})")
+    lines.append(f"  Note          {report['estimates']}")
     return "\n".join(lines)
 
 

@@ -154,10 +154,10 @@ def _head(
     lanes = getattr(policy, "last_lanes", None)
     if not isinstance(lanes, list) or len(lanes) != len(order):
         lanes = None
-    score = getattr(policy, "fast_score", None)
+    head = [views[i] for i in order[:limit]]
+    scores = _scores(policy, head, now)
     rows = []
-    for pos, index in enumerate(order[:limit]):
-        view = views[index]
+    for pos, view in enumerate(head):
         rows.append(
             {
                 "pos": pos,
@@ -167,11 +167,21 @@ def _head(
                 "h": view.cached_tokens,
                 "c": view.remaining,
                 "wait_s": round(max(now - view.arrival, 0.0), 6),
-                "score": _finite(score(view, now)) if callable(score) else None,
+                "score": _finite(scores[pos]) if scores is not None else None,
                 "admitted": view.request_id in scheduled,
             }
         )
     return rows
+
+
+def _scores(policy: Policy, head: list[QueuedRequest], now: float) -> Sequence[Any] | None:
+    """The policy's Fast-lane scores of `head`: `scores(queue, now)` in one call when the policy
+    has it, else `fast_score(request, now)` per request (~45 us each); None for other policies."""
+    batch = getattr(policy, "scores", None)
+    if callable(batch):
+        return list(batch(head, now))
+    one = getattr(policy, "fast_score", None)
+    return [one(view, now) for view in head] if callable(one) else None
 
 
 def _ledgers(policy: Policy) -> dict[str, float] | None:
