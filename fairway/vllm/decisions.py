@@ -10,16 +10,21 @@ N-th step with a waiting queue, and the file is size-bounded: at `max_bytes` it 
 Record (one JSON object per line)::
 
     {"step": 120, "time_s": 1764510000.12, "policy": "fairway", "ordered": true,
-     "queue_len": 37, "fixed": 0, "admitted": ["r7", "r3"], "ledgers": {"fast": 900, ...},
+     "queue_len": 37, "fixed": 0, "admitted": ["r7", "r3"],
+     "ledgers": {"fair_deficit": 120, ...}, "share": {"front_id": "r3", "cap": 384, ...},
      "head": [{"pos": 0, "id": "r7", "lane": "fast", "L": 1088, "h": 1024, "c": 64,
                "wait_s": 0.41, "score": 16.4, "admitted": true}, ...]}
 
 `ordered` is false on a step whose ordering failed (vLLM's order was kept; `head` is empty).
-`fixed` counts preempted requests vLLM keeps at the front, before `head`.
+`fixed` counts preempted requests vLLM keeps at the front, before `head`. `ledgers` (the policy's
+`ledger` dataclass or `ledgers` mapping, after this step was booked) and `share` (a cross-step
+policy's `last_share`: the Fair front, the step's per-request cap, held-back prefills, ...) are
+null for policies without them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -132,6 +137,7 @@ class DecisionTrace:
                 "fixed": num_fixed,
                 "admitted": list(admitted),
                 "ledgers": _ledgers(policy),
+                "share": _share(policy) if ordered else None,
                 "head": head,
             }
         )
@@ -184,14 +190,34 @@ def _scores(policy: Policy, head: list[QueuedRequest], now: float) -> Sequence[A
     return [one(view, now) for view in head] if callable(one) else None
 
 
-def _ledgers(policy: Policy) -> dict[str, float] | None:
-    """The policy's lane ledgers if it exposes them (`ledgers`: a mapping or a method)."""
+def _ledgers(policy: Policy) -> dict[str, float | None] | None:
+    """The policy's lane ledgers, if it has them: `ledger` (a dataclass, e.g. `fairway`'s
+    `ShareLedger`, read after this step was booked) or `ledgers` (a mapping or a method)."""
     ledgers = getattr(policy, "ledgers", None)
     if callable(ledgers):
         ledgers = ledgers()
+    if ledgers is None:
+        ledger = getattr(policy, "ledger", None)
+        if dataclasses.is_dataclass(ledger) and not isinstance(ledger, type):
+            ledgers = {f.name: getattr(ledger, f.name) for f in dataclasses.fields(ledger)}
     if not isinstance(ledgers, Mapping):
         return None
     return {str(k): _finite(v) for k, v in ledgers.items()}
+
+
+def _share(policy: Policy) -> dict[str, Any] | None:
+    """The step's share decision of a cross-step policy (`last_share`: front, cap, hold, ...)."""
+    share = getattr(policy, "last_share", None)
+    if not dataclasses.is_dataclass(share) or isinstance(share, type):
+        return None
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(share):
+        if f.name == "waiting_order":  # indices into the queue: `head` shows the order
+            continue
+        value = getattr(share, f.name)
+        out[f.name] = sorted(value) if isinstance(value, set | frozenset) else (
+            list(value) if isinstance(value, tuple) else value)
+    return out
 
 
 def _finite(value: Any) -> float | None:

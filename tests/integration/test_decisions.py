@@ -99,6 +99,8 @@ def test_decision_trace_records_the_head_and_admissions(offline, helpers, tmp_pa
     assert rows["hit0"]["wait_s"] == pytest.approx(2.0) and rows["miss0"]["wait_s"] == 0.5
     assert all(row["lane"] in ("fast", "fair") for row in step["head"])
     assert rows["hit0"]["score"] > rows["miss0"]["score"]  # h / c + wait / SLO
+    assert set(step["ledgers"]) >= {"fair_deficit", "fast_deficit"}  # the policy's ShareLedger
+    assert step["share"]["front_id"] in rows and "waiting_order" not in step["share"]
     for row in step["head"]:
         assert row["admitted"] == (row["id"] in step["admitted"])
     assert sched._fairway_observer.trace.records == len(records)
