@@ -69,7 +69,8 @@ def test_every_expression_names_an_existing_series():
         used |= names
     # the new hit/miss histograms and the work spread are on the dashboard
     assert {"fairway:ttft_seconds_bucket", "fairway:queue_time_seconds_bucket",
-            "fairway:queue_work_max_tokens", "vllm:time_to_first_token_seconds_bucket"} <= used
+            "fairway:queue_work_max_tokens", "fairway:oldest_waiting_age_seconds",
+            "fairway:lane_prefill_tokens_total", "vllm:time_to_first_token_seconds_bucket"} <= used
 
 
 def test_the_name_check_can_fail():
