@@ -190,7 +190,7 @@ def _scores(policy: Policy, head: list[QueuedRequest], now: float) -> Sequence[A
     return [one(view, now) for view in head] if callable(one) else None
 
 
-def _ledgers(policy: Policy) -> dict[str, float | None] | None:
+def _ledgers(policy: Policy) -> dict[str, float | int | None] | None:
     """The policy's lane ledgers, if it has them: `ledger` (a dataclass, e.g. `fairway`'s
     `ShareLedger`, read after this step was booked) or `ledgers` (a mapping or a method)."""
     ledgers = getattr(policy, "ledgers", None)
@@ -220,8 +220,10 @@ def _share(policy: Policy) -> dict[str, Any] | None:
     return out
 
 
-def _finite(value: Any) -> float | None:
-    """A JSON-safe number: round to 6 places; NaN and infinities become None."""
+def _finite(value: Any) -> float | int | None:
+    """A JSON-safe number: ints as they are, floats to 6 places; NaN and infinities: None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -250,3 +250,21 @@ def test_bad_window(stub, capsys):
     texts += _scrapes(State())
     assert cli.main(["inspect", url, "--window-s", "0"]) == 2
     assert "must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("peaks", "matters"), [((4, 9), True), ((4,), False)])
+def test_verdict_follows_the_load_peaks_not_the_median(stub, peaks, matters):
+    """Between bursts one request waits (spread 1x); the verdict reads the 90th percentile:
+    two peaks in ten samples reach it, one does not."""
+    url, texts = stub
+    states = [State(steps=k, work=(1200, 100) if k in peaks else (100, 100)) for k in range(11)]
+    texts += _scrapes(*states)
+    ticks = iter(range(100))
+    window = inspection.observe(url, window_s=10.0, interval_s=1.0, progress=False,
+                                sleep=lambda _: None, clock=lambda: float(next(ticks)))
+    report = inspection.summarize(window)
+    spread = report["work_spread"]
+    assert spread["samples"] == 10 and spread["median"] == 1.0 and spread["max"] == 12.0
+    assert spread["p90"] == (12.0 if matters else 1.0)
+    assert report["verdict"]["matters"] is matters and "90th percentile" in report["verdict"][
+        "text"]
