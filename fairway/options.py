@@ -82,6 +82,16 @@ class FairwayOptions:
     self_calibrate: bool = False
     """Learn the prefill-time table T(L) from the engine's own step times and give it to the
     policy once the fit is good (off by default)."""
+    decision_trace: Annotated[str, Field(min_length=1)] | None = None
+    """Path of the decision trace (JSONL, `fairway.vllm.decisions`): every
+    `decision_trace_every` steps, the head of the order with each request's h, c, wait, score,
+    lane, the ledgers and what vLLM admitted; null: off (no cost)."""
+    decision_trace_every: _PositiveInt = 10
+    """Write a decision-trace record every this many steps that have a waiting queue."""
+    decision_trace_head: _PositiveInt = 16
+    """Queue positions per decision-trace record (the head of Fairway's order)."""
+    decision_trace_max_bytes: _PositiveInt = 64 * 1024 * 1024
+    """Rotate the decision trace (PATH.1, PATH.2) once it is larger than this."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Where each given value came from (JSON key, flag or variable), for logs and errors."""
 
@@ -110,6 +120,7 @@ class FairwayOptions:
             "protect_top_k": self.protect_top_k,
             "reorder_preempted": self.reorder_preempted,
             "self_calibrate": self.self_calibrate,
+            "decision_trace": self.decision_trace,
         }
 
     def to_json(self, *, skip_env: bool = False) -> dict[str, Any]:

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "fairway.cli.serve",         # serve
     "fairway.cli.tiny_model",    # tiny-model
     "fairway.traces.commands",   # trace, data
+    "fairway.inspect_commands",  # inspect
 )
 
 

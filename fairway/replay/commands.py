@@ -194,13 +194,24 @@ def _replay(args: argparse.Namespace) -> int:
         f"{results_io.safe_name(args.label)}.json", **kwargs,
     )
     outcome = write_bench_report([result], out_dir, None, result.wall_s)
+    vllm_path = _save_vllm_shape(result, trace, out_dir)  # issue 14: `vllm bench serve` shape
     print(outcome.markdown)
     min_success = _default_min_success() if args.min_success is None else args.min_success
     found = verdict(result, min_success)
     for line in found.lines():
         print(f"fairway: {line}", file=sys.stderr)
     print(f"wrote the live replay ({result.n_errors} of {len(result.requests)} requests without "
-          f"a first token) and its report to {out_dir}", file=sys.stderr)
+          f"a first token) and its report to {out_dir} (in `vllm bench serve --save-result "
+          f"--save-detailed`'s shape: {vllm_path})", file=sys.stderr)
     if result.settings.get("interrupted"):
         return 130
     return 0 if found.ok else 1
+
+
+def _save_vllm_shape(result: Any, trace: Any, out_dir: Any) -> Any:
+    """`<out>/vllm-bench/<trace>--<label>.json`; output_lens are the requested max_tokens."""
+    from fairway.replay.results import file_name
+    from fairway.replay.vllm_result import save_vllm_result
+
+    return save_vllm_result(result, out_dir / "vllm-bench" / file_name(result),
+                            output_lens=[r.max_tokens for r in trace.requests])

@@ -231,3 +231,73 @@ class FairwayMetrics:
         if stats.queue_work_max_tokens is not None:
             self._work_max.set(stats.queue_work_max_tokens)
             self._work_min.set(stats.queue_work_min_tokens or 0)
+
+
+# --- queue time and TTFT by cache hit/miss and lane (issue 14) ----------------------------------
+
+#: A request is a cache "hit" when its cached prefix at admission is at least this share of its
+#: prompt (the same definition as the reports').
+HIT_SHARE = 0.5
+#: Lane label of a request vLLM admitted outside Fairway's order (a fallback step, a preempted
+#: request kept first, an oversized one).
+NO_LANE = "none"
+#: Seconds; the values of vLLM's own TTFT histogram (`vllm:time_to_first_token_seconds`), so the
+#: two can be read side by side with the same resolution.
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+
+_latency_collectors: dict[str, Histogram] | None = None
+
+
+def cache_label(cached_tokens: int, prompt_tokens: int) -> str:
+    """`hit` when the cached prefix at admission is >= HIT_SHARE of the prompt, else `miss`."""
+    return "hit" if cached_tokens >= HIT_SHARE * prompt_tokens and prompt_tokens > 0 else "miss"
+
+
+def _get_latency_collectors() -> dict[str, Histogram]:
+    """The hit/miss histograms (separate from `_get_collectors` so either can change alone)."""
+    global _latency_collectors
+    if _latency_collectors is None:
+        _latency_collectors = {
+            "queue": Histogram(
+                "fairway:queue_time_seconds",
+                "Seconds from arrival to admission (first scheduled), from the scheduler, by "
+                "cache (hit: cached prefix at admission >= half the prompt) and by the lane "
+                "that placed the request (none: admitted outside Fairway's order).",
+                (*LABELS, "cache", "lane"),
+                buckets=LATENCY_BUCKETS,
+            ),
+            "ttft": Histogram(
+                "fairway:ttft_seconds",
+                "Seconds from arrival to the step whose output carries the first token, from "
+                "the scheduler (no detokenizing or network), by cache (hit: cached prefix at "
+                "admission >= half the prompt).",
+                (*LABELS, "cache"),
+                buckets=LATENCY_BUCKETS,
+            ),
+        }
+    return _latency_collectors
+
+
+class LatencyMetrics:
+    """`fairway:queue_time_seconds` and `fairway:ttft_seconds` of one scheduler (one label set)."""
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        collectors = _get_latency_collectors()
+        values = tuple(labels[name] for name in LABELS)
+        self._queue = {
+            (cache, lane): collectors["queue"].labels(*values, cache, lane)
+            for cache in ("hit", "miss")
+            for lane in (*LANES, NO_LANE)
+        }
+        self._ttft = {cache: collectors["ttft"].labels(*values, cache) for cache in ("hit", "miss")}
+
+    def observe_queue(self, cache: str, lane: str, seconds: float) -> None:
+        """One admission: its queue time."""
+        self._queue[cache, lane if lane in LANES else NO_LANE].observe(max(seconds, 0.0))
+
+    def observe_ttft(self, cache: str, seconds: float) -> None:
+        """One first token: its time from arrival."""
+        self._ttft[cache].observe(max(seconds, 0.0))

@@ -28,7 +28,7 @@ import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.options import FairwayOptions
-from fairway.vllm import plugin, probe, protect, share
+from fairway.vllm import observe, plugin, probe, protect, share
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
 logger = init_logger(__name__)
@@ -96,6 +96,8 @@ class FairwaySchedulerMixin:
         self._fairway_calibration = _make_calibration(self) if options.self_calibrate else None
         self._fairway_shares = _share_enabled(self, policy)
         self._fairway_share: policies.StepShare | None = None
+        # issue 14: hit/miss queue metrics and the decision trace; None (nil cost) when both off
+        self._fairway_observer = observe.for_scheduler(self)
         _log_start(options, policy, self)
 
     def set_fairway_clock(self, clock: Callable[[], float]) -> None:
@@ -115,6 +117,8 @@ class FairwaySchedulerMixin:
             if undo is not None:
                 undo.restore()
         self._fairway_after_step(output, placed, prepass_s)
+        if self._fairway_observer is not None:  # issue 14 hook (never raises)
+            self._fairway_observer.after_schedule(output, placed)
         if self._fairway_calibration is not None:
             self._fairway_calibrate("on_schedule", output)
         return output
@@ -122,10 +126,13 @@ class FairwaySchedulerMixin:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
     ) -> Any:
-        """vLLM's unchanged; only tells self-calibration (if on) that the step's output is in."""
+        """vLLM's unchanged; then tells self-calibration and the observer (if on) it is in."""
         if self._fairway_calibration is not None:
             self._fairway_calibrate("on_update", scheduler_output)
-        return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+        result = super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+        if self._fairway_observer is not None:  # issue 14 hook (never raises)
+            self._fairway_observer.after_update()
+        return result
 
     def _fairway_calibrate(self, hook: str, output: SchedulerOutput) -> None:
         """Call a `SchedulerCalibration` hook; a failure only skips calibration this step."""

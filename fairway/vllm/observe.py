@@ -1,0 +1,141 @@
+"""What the scheduler reports about its decisions: hit/miss queue time and TTFT, the decision trace.
+
+One `StepObserver` per scheduler, built only when something is on (vLLM's `log_stats` for the
+histograms, the `decision_trace` option for the trace); otherwise the scheduler holds None and
+pays one `is None` check per hook. The hooks run after vLLM's `schedule()` and after
+`update_from_output()`, read what vLLM decided, and change nothing. A failure in them is counted
+and logged once like a policy failure (`_fairway_fallback`) and never reaches the engine.
+
+Definitions (the same as the reports'):
+    queue time: arrival -> admission (the step that first schedules the request);
+    TTFT: arrival -> the `update_from_output` whose output carries the first token;
+    hit: cached prefix at admission (vLLM's `num_computed_tokens` of the new request) >= half
+        of the prompt; miss otherwise. Times are on `fairway_clock`, the clock of
+        `Request.arrival_time`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fairway.errors import FairwayConfigError
+from fairway.vllm.decisions import DecisionTrace, TraceSettings
+from fairway.vllm.metrics import NO_LANE, LatencyMetrics, cache_label
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+
+class StepObserver:
+    """Hooks of one Fairway scheduler; see the module docstring."""
+
+    def __init__(
+        self, scheduler: Any, latency: LatencyMetrics | None, trace: DecisionTrace | None
+    ) -> None:
+        self.scheduler = scheduler
+        self.latency = latency
+        self.trace = trace
+        #: Admitted requests still waiting for their first token: id -> (request, cache label).
+        self._pending: dict[str, tuple[Request, str]] = {}
+
+    def after_schedule(self, output: SchedulerOutput, placed: Any) -> None:
+        """After vLLM's step: queue times of first admissions; a trace record. Never raises."""
+        sched = self.scheduler
+        try:
+            now = sched.fairway_clock()
+            new = [r for r in output.scheduled_new_reqs if r.req_id in sched.requests]
+            if self.latency is not None and new:
+                lanes = _lanes_by_id(placed)
+                for data in new:
+                    request = sched.requests[data.req_id]  # vLLM internal: Scheduler.requests
+                    if request.num_preemptions:  # resumed, not a first admission
+                        continue
+                    cache = cache_label(data.num_computed_tokens, request.num_prompt_tokens)
+                    lane = lanes.get(data.req_id, NO_LANE)
+                    self.latency.observe_queue(cache, lane, now - request.arrival_time)
+                    self._pending[data.req_id] = (request, cache)
+            if self.trace is not None:
+                self._trace(output, placed, now, [r.req_id for r in new])
+        except Exception as exc:  # noqa: BLE001 - reporting must never stop the engine
+            sched._fairway_fallback(exc, "recording queue metrics / the decision trace",
+                                    "the step's output is unchanged")
+
+    def after_update(self) -> None:
+        """After `update_from_output`: TTFT of requests whose first token came. Never raises."""
+        if not self._pending:
+            return
+        sched = self.scheduler
+        try:
+            now = sched.fairway_clock()
+            for request_id, (request, cache) in list(self._pending.items()):
+                if request.num_output_tokens > 0:
+                    self.latency.observe_ttft(cache, now - request.arrival_time)  # type: ignore[union-attr]
+                    del self._pending[request_id]
+                elif request.is_finished():  # aborted or failed before its first token
+                    del self._pending[request_id]
+        except Exception as exc:  # noqa: BLE001
+            self._pending.clear()
+            sched._fairway_fallback(exc, "recording TTFT", "the step's output is unchanged")
+
+    def _trace(self, output: SchedulerOutput, placed: Any, now: float, new: list[str]) -> None:
+        sched = self.scheduler
+        scheduled = output.num_scheduled_tokens
+        if placed is None and not new and not len(sched.waiting):
+            return  # nothing was waiting: no decision to record
+        resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
+        self.trace.after_step(  # type: ignore[union-attr]
+            now=now,
+            policy=sched.fairway_policy,
+            ordered=placed is not None,
+            views=sched.fairway_last_views,
+            order=sched.fairway_last_order,
+            num_fixed=getattr(placed, "num_fixed", 0),
+            admitted=[*new, *sorted(resumed)],
+            scheduled=scheduled,
+        )
+
+    def close(self) -> None:
+        """Close the trace file, if any."""
+        if self.trace is not None:
+            self.trace.close()
+
+
+def _lanes_by_id(placed: Any) -> dict[str, str]:
+    """Request id -> lane that placed it at this step (requests outside the order: absent)."""
+    if placed is None:
+        return {}
+    start = placed.num_fixed
+    ordered = placed.queue[start : start + placed.num_ordered]
+    lanes = placed.lanes if placed.lanes is not None else ["single"] * len(ordered)
+    return {r.request_id: lane for r, lane in zip(ordered, lanes, strict=True)}
+
+
+def for_scheduler(scheduler: Any) -> StepObserver | None:
+    """The observer of `scheduler`, or None when neither the metrics nor the trace are on."""
+    metrics = scheduler.fairway_metrics
+    latency = LatencyMetrics(metrics.labels) if metrics is not None else None
+    settings = trace_settings(scheduler.fairway_options)
+    try:
+        trace = DecisionTrace(settings) if settings is not None else None
+    except OSError as exc:
+        raise FairwayConfigError(
+            f"Fairway option decision_trace={settings.path!r}: cannot open it for writing "  # type: ignore[union-attr]
+            f"({exc.strerror or exc}); give a writable path or leave the option out"
+        ) from None
+    if latency is None and trace is None:
+        return None
+    return StepObserver(scheduler, latency, trace)
+
+
+def trace_settings(options: Any) -> TraceSettings | None:
+    """The decision-trace settings of `FairwayOptions`, or None when the trace is off."""
+    path = getattr(options, "decision_trace", None)
+    if not path:
+        return None
+    return TraceSettings(
+        path=str(path),
+        every=options.decision_trace_every,
+        head=options.decision_trace_head,
+        max_bytes=options.decision_trace_max_bytes,
+    )
