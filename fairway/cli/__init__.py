@@ -1,9 +1,8 @@
 """The `fairway` command. Each subcommand is a thin shell over a library function.
 
-Each module in `COMMAND_MODULES` has a `register(subparsers)` function; the verbs live in this
-package (`serve.py`, `tiny_model.py`), the replay's and the traces' in their packages'
-`commands.py` for now. Handlers import heavy modules (vLLM, matplotlib) lazily so that
-`fairway --help` stays fast.
+Each module in `COMMAND_MODULES` (one per verb group: bench/replay, profile, serve, tiny-model,
+trace/data, inspect) has a `register(subparsers)` function and delegates to the library; handlers
+import heavy modules (vLLM, matplotlib) lazily so that `fairway --help` stays fast.
 """
 
 from __future__ import annotations
@@ -19,12 +18,12 @@ from fairway.errors import FairwayError
 
 #: Modules that contribute subcommands, in `--help` order.
 COMMAND_MODULES = (
-    "fairway.replay.commands",   # bench, replay
+    "fairway.cli.replay",        # bench, replay
     "fairway.cli.profile",       # profile
     "fairway.cli.serve",         # serve
     "fairway.cli.tiny_model",    # tiny-model
-    "fairway.traces.commands",   # trace, data
-    "fairway.inspect_commands",  # inspect
+    "fairway.cli.trace",         # trace, data
+    "fairway.cli.inspect",       # inspect
 )
 
 

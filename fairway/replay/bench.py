@@ -1,6 +1,6 @@
 """`fairway bench` as a library: traces x policies through the virtual replay, then the report.
 
-The command (`fairway.replay.commands`) is a shell over `run_bench`; the benchmark scripts in
+The command (`fairway.cli.replay`) is a shell over `run_bench`; the benchmark scripts in
 `benchmarks/` reuse the pieces (`load_traces`, `new_out_dir`, `environment_info`, ...) for their
 own tables. Output goes to a new directory that never overwrites an earlier run.
 """
