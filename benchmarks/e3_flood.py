@@ -1,7 +1,7 @@
 """E3, flood: does a flood of cache hits make the backlogged misses wait far longer than FCFS would?
 
     python benchmarks/e3_flood.py [--out DIR] [--quick] [--workers N] [--ray ADDRESS]
-        [--miss-tokens N[,N...]] [--floor]
+        [--miss-tokens N[,N...]] [--policy NAME ...] [--floor]
 
 Trace: the `flood` preset (seed 6): one warm-up request at t = 0 computes the flood's shared
 6,144-token prefix (plus its own 256-token suffix) on the idle engine, then 60 s of misses at 1.3x
@@ -14,14 +14,14 @@ and every flood request is a hit, the situation the claim is about. Arrivals are
 draws for every size; the rates follow the size (the backlog's load is fixed, so larger misses
 are fewer).
 
-Per policy (every registered policy): the worst TTFT of a backlog miss (requests tagged
-`kind=miss` in phase `backlog`), its ratio to FCFS's worst backlog miss, the backlog misses' p99,
-the worst TTFT of any miss (calm included), the median and p99 of the flood requests (phase
-`flood`) and the median of those that were cache hits (`fairway.replay.results.HIT_DEFINITION`),
-and when the first flood request with a cache hit was scheduled, when the last flood request got
-its first token, and how many backlog misses got no token until then. The claim tested: Fairway's
-worst miss is close to FCFS's, not 3-9x longer as under cache-greedy orders, while its flood
-median stays far below FCFS's.
+Per policy (every registered policy, or those given with `--policy`): the worst TTFT of a
+backlog miss (requests tagged `kind=miss` in phase `backlog`), its ratio to FCFS's worst backlog
+miss, the backlog misses' p99, the worst TTFT of any miss (calm included), the median and p99 of
+the flood requests (phase `flood`) and the median of those that were cache hits
+(`fairway.replay.results.HIT_DEFINITION`), when the first flood request with a cache hit was
+scheduled, when the last flood request got its first token, and how many backlog misses got no
+token until then. The claim tested: Fairway's worst miss is close to FCFS's, not 3-9x longer as
+under cache-greedy orders, while its flood median stays far below FCFS's.
 
 `--floor` adds `flood-floor`: the preset (8,192-token misses) with the KV cache sized as in
 `fairway bench` (the floor, largest prompt plus two step budgets: 770 blocks); LRU eviction under
@@ -224,7 +224,7 @@ def warm_variant(size: int, args: Any) -> tuple[str, Trace, dict[str, Any]]:
 
 def variants(args: Any) -> list[tuple[str, Trace, list[str], dict[str, Any]]]:
     """(label, trace, policies, replay options) of each variant; the warm ones are the table."""
-    everyone = ordered_policies(None)
+    everyone = ordered_policies(args.policy)
     out = [(label, trace, everyone, options)
            for label, trace, options in (warm_variant(n, args) for n in args.miss_tokens)]
     if args.floor:
@@ -244,6 +244,8 @@ def parser() -> argparse.ArgumentParser:
     """The common experiment flags plus `--miss-tokens` and `--floor`."""
     p = experiment_parser(__doc__.split("\n\n")[0])
     add_miss_tokens(p, MISS_SIZES)
+    p.add_argument("--policy", action="append", default=None, metavar="NAME",
+                   help="a policy (repeatable; default: every registered policy)")
     p.add_argument("--floor", action="store_true",
                    help="add the floor-sized-cache check (8,192-token misses, 770 blocks)")
     return p

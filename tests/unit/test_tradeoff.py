@@ -61,4 +61,6 @@ def test_miss_sizes_argument() -> None:
         with pytest.raises(argparse.ArgumentTypeError):
             e3_flood.parse_sizes(bad)
     args = e3_flood.parser().parse_args(["--miss-tokens", "16384", "--floor"])
-    assert (args.miss_tokens, args.floor) == ((16384,), True)
+    assert (args.miss_tokens, args.floor, args.policy) == ((16384,), True, None)
+    args = e3_flood.parser().parse_args(["--policy", "fcfs", "--policy", "lpm"])
+    assert args.policy == ["fcfs", "lpm"] and args.miss_tokens == e3_flood.MISS_SIZES
