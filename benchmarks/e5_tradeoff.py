@@ -1,7 +1,7 @@
 """E5, trade-off: flood-hit median (x) against worst backlog miss (y), per policy and parameter.
 
     python benchmarks/e5_tradeoff.py [--out DIR] [--quick] [--workers N] [--ray ADDRESS]
-        [--miss-tokens N[,N...]]
+        [--miss-tokens N[,N...]] [--from-replays DIR]
 
 The E3 flood (the `flood` preset with a KV cache that holds all of its content, one panel per miss
 size; default 8,192 and 16,384 tokens, 4 and 8 step budgets) under a family of orders, each a
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e3_flood  # noqa: E402
 
 import fairway.policies as policies  # noqa: E402
+from fairway.replay import results as results_io  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     experiment_parser,
     finish_experiment,
@@ -42,6 +43,7 @@ from fairway.replay.bench import (  # noqa: E402
     run_experiment,
     trace_info,
 )
+from fairway.replay.results import ReplayResult  # noqa: E402
 from fairway.replay.sweep import ReplayJob  # noqa: E402
 
 NAME = "e5"
@@ -50,6 +52,10 @@ FAST_WEIGHTS = (1, 2, 4, 8, 16)
 KLPM_KS = (2, 4, 8, 16)
 #: The orders whose points must not be dominated, and the ones that may dominate them.
 FAIRWAY, BASELINE = "fairway", "baseline"
+#: Coordinates closer than this are equal: two orders that serve the same requests in the same
+#: steps can differ by float rounding (1e-13 s) in the sums of step times on the virtual clock,
+#: and a millisecond is far below one step's fixed time (15 ms).
+TOLERANCE_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,11 @@ def points(known: list[str] | None = None) -> list[Point]:
 def dominated(rows: dict[str, dict[str, Any]], sides: dict[str, str]) -> dict[str, list[str]]:
     """Per Fairway point: the baseline points that dominate it (x and y <=, one <).
 
-    Points without both coordinates (no flood hit, or no backlog miss answered) take no part.
+    Comparisons are within `TOLERANCE_S`. Points without both coordinates (no flood hit, or no
+    backlog miss answered) take no part.
     """
+    tol = TOLERANCE_S
+
     def xy(label: str) -> tuple[float, float] | None:
         x, y = rows[label]["x_flood_hit_median_s"], rows[label]["y_worst_miss_s"]
         return None if x is None or y is None else (x, y)
@@ -89,7 +98,8 @@ def dominated(rows: dict[str, dict[str, Any]], sides: dict[str, str]) -> dict[st
         out[f] = [] if fp is None else [
             b for b, side in sides.items()
             if side == BASELINE and (bp := xy(b)) is not None
-            and bp[0] <= fp[0] and bp[1] <= fp[1] and (bp[0] < fp[0] or bp[1] < fp[1])
+            and bp[0] <= fp[0] + tol and bp[1] <= fp[1] + tol
+            and (bp[0] < fp[0] - tol or bp[1] < fp[1] - tol)
         ]
     return out
 
@@ -113,7 +123,7 @@ def plot(panels: dict[str, dict[str, dict[str, Any]]], sizes: dict[str, int],
          plan: list[Point], path: Path) -> None:
     """One log-log panel per miss size; parameter families joined by lines and annotated."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     fig = Figure(figsize=(6.2 * len(panels), 5.2), layout="tight")
     axes = fig.subplots(1, len(panels), squeeze=False).ravel()
@@ -138,6 +148,7 @@ def plot(panels: dict[str, dict[str, dict[str, Any]]], sizes: dict[str, int],
                     color=color, ls="", ms=9 if marker == "*" else 7, label=name)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(LogLocator(subs=(1.2, 1.4, 1.6, 2, 3, 4, 5, 6, 7, 8, 9)))
         for axis in (ax.xaxis, ax.yaxis):  # plain seconds, not 3 x 10^0
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -149,9 +160,25 @@ def plot(panels: dict[str, dict[str, dict[str, Any]]], sizes: dict[str, int],
     fig.savefig(path, dpi=110)
 
 
+def saved_results(folder: Path, jobs: list[ReplayJob]) -> list[ReplayResult]:
+    """The replays of `jobs` as an earlier run saved them (one file each, by name)."""
+    found = []
+    for job in jobs:
+        probe = ReplayResult(job.label or job.policy, job.trace_name, {}, [], 0.0, None)
+        path = folder / results_io.file_name(probe)
+        if not path.exists():
+            raise SystemExit(f"e5: no replay {path} for {job.describe()}; run without "
+                             "--from-replays")
+        found.append(results_io.load(path))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     p = experiment_parser(__doc__.split("\n\n")[0])
     e3_flood.add_miss_tokens(p, MISS_SIZES)
+    p.add_argument("--from-replays", default=None, metavar="DIR",
+                   help="read the replays from DIR (an earlier run's replays/ folder) instead of "
+                   "running them: the tables, figure and check again")
     args = p.parse_args(argv)
     started = time.perf_counter()
     out_dir = new_out_dir(args.out, NAME)
@@ -163,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         info[label], sizes[label] = {**trace_info(trace), **options}, size
         jobs += [ReplayJob(label, trace, q.policy, q.params, {**profile, **options}, q.label)
                  for q in plan]
-    results = run_experiment(jobs, args, out_dir)
+    if args.from_replays is None:
+        results = run_experiment(jobs, args, out_dir)
+    else:
+        results = saved_results(Path(args.from_replays), jobs)
     sides = {q.label: q.side for q in plan}
     panels: dict[str, dict[str, dict[str, Any]]] = {}
     checks: dict[str, dict[str, list[str]]] = {}
@@ -185,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parts = [
         "x: median TTFT of the flood requests that were cache hits; y: worst TTFT of a backlog "
         "miss; KV cache holding all content. 'dominated by': baseline points with both "
-        "coordinates <= and one < (Fairway points only).\n"
+        f"coordinates <= and one < (Fairway points only; values within {TOLERANCE_S * 1000:g} ms "
+        "count as equal).\n"
     ]
     verdicts = []
     for label, rows in panels.items():

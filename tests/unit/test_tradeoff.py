@@ -45,6 +45,15 @@ def test_dominance_needs_both_coordinates_no_worse_and_one_better() -> None:
     assert e5.dominated(rows, sides) == {"f1": ["klpm"], "f2": ["hrrn"], "f3": []}
 
 
+def test_dominance_treats_float_rounding_as_equal() -> None:
+    # Same x up to the virtual clock's float rounding, shorter worst miss: dominated.
+    rows = {"f": row(29.53372100000061, 60.5), "klpm": row(29.533721000000696, 42.7),
+            "lpm": row(3.7, 60.5 + 0.0005), "far": row(3.7, 60.51)}
+    sides = {"f": e5.FAIRWAY, "klpm": e5.BASELINE, "lpm": e5.BASELINE, "far": e5.BASELINE}
+    assert e5.TOLERANCE_S == 0.001
+    assert e5.dominated(rows, sides) == {"f": ["klpm", "lpm"]}
+
+
 def test_table_says_none_for_an_undominated_fairway_point() -> None:
     rows = {"f": {**row(1.0, 2.0), "worst_miss_vs_fcfs": 1.0},
             "fcfs": {**row(3.0, 2.0), "worst_miss_vs_fcfs": 1.0}}
