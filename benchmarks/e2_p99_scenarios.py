@@ -6,10 +6,11 @@ Eleven scenarios mix workloads (SEC a/b/long, MuSiQue agents, the Mooncake conve
 time-scaled), offered load (0.7 / 1.0 / 1.3 x the engine's capacity: the presets' shapes built
 against a capacity scaled by 1 / x, or Mooncake's `load` parameter) and KV cache size
 (cache_fraction 0.15 / 0.3 / 0.6 of the trace's reusable content). Policies: fcfs, lpm, klpm-4,
-ragcache, preble, peek, hrrn and fairway. Per scenario: the p99 TTFT over all requests of the
-best baseline whose starvation flag is off (worst TTFT <= 3 x its own p99), Fairway's p99 and
-starvation flag, and the ratio Fairway / best. Writes e2.md / e2.json / e2.png and one JSON per
-replay.
+ragcache, preble, peek, hrrn, fairway-step (the seed's per-step rule, when registered) and
+fairway. Per scenario: the p99 TTFT over all requests of the best baseline whose starvation flag
+is off (worst TTFT <= 3 x its own p99), Fairway's p99 and starvation flag, the ratio Fairway /
+best, and the ratio Fairway / fairway-step (issue 10's goal: no scenario above 1.02). Writes
+e2.md / e2.json / e2.png and one JSON per replay.
 """
 
 from __future__ import annotations
@@ -36,7 +37,21 @@ from fairway.traces.build import default_capacity_tps  # noqa: E402
 
 NAME = "e2"
 BASELINES = ("fcfs", "lpm", "klpm-4", "ragcache", "preble", "peek", "hrrn")
-POLICIES = (*BASELINES, "fairway")
+#: The seed's per-step rule, compared with `fairway` when it is registered.
+STEP = "fairway-step"
+#: `fairway`'s p99 may exceed `fairway-step`'s by at most this factor in any scenario.
+STEP_TOLERANCE = 1.02
+
+
+def run_policies() -> tuple[str, ...]:
+    """The baselines, `fairway-step` when registered, and `fairway`."""
+    import fairway.policies as policies
+
+    step = (STEP,) if STEP in policies.names() else ()
+    return (*BASELINES, *step, "fairway")
+
+
+POLICIES = run_policies()
 
 
 @dataclass(frozen=True)
@@ -107,14 +122,17 @@ def compare(summary: report.Summary, name: str) -> dict[str, Any]:
         "fairway_starved": starved["fairway"],
         "ratio": ratio,
         "starved_baselines": [p for p in BASELINES if starved[p]],
+        "step_p99_s": p99.get(STEP),
+        "vs_step": p99["fairway"] / p99[STEP] if p99.get(STEP) else None,
     }
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| scenario | requests | offered load | KV blocks | best non-starving baseline | "
-        "its p99 (s) | fairway p99 (s) | fairway / best | fairway starved | starved baselines |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"its p99 (s) | fairway p99 (s) | fairway / best | {STEP} p99 (s) | fairway / {STEP} | "
+        "fairway starved | starved baselines |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         best = row["best_baseline"] or "(none)"
@@ -123,6 +141,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| {name} | {row['requests']} | {row['offered_load']:.2f} | {row['kv_blocks']} | "
             f"{best} | {best_p99} | {row['fairway_p99_s']:.2f} | {ratio} | "
+            f"{_f(row['step_p99_s'])} | {_f(row['vs_step'])} | "
             f"{'yes' if row['fairway_starved'] else 'no'} | "
             f"{', '.join(row['starved_baselines']) or '—'} |"
         )
@@ -136,7 +155,19 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
             f"{float(np.exp(np.mean(np.log(ratios)))):.2f}, max {max(ratios):.2f}; Fairway's p99 "
             f"is at most the best baseline's in {wins} of {len(ratios)} scenarios."
         )
+    steps = [r["vs_step"] for r in rows.values() if r["vs_step"] is not None]
+    if steps:
+        over = [n for n, r in rows.items()
+                if r["vs_step"] is not None and r["vs_step"] > STEP_TOLERANCE]
+        lines.append(
+            f"\nFairway / {STEP}: {min(steps):.2f}-{max(steps):.2f}; goal (no scenario above "
+            f"{STEP_TOLERANCE:.2f}): " + ("met." if not over else f"NOT met in {', '.join(over)}.")
+        )
     return "\n".join(lines) + "\n"
+
+
+def _f(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
 def all_p99_table(rows: dict[str, dict[str, Any]]) -> str:

@@ -1,37 +1,39 @@
 """E3, flood: does a flood of cache hits make the backlogged misses wait far longer than FCFS would?
 
     python benchmarks/e3_flood.py [--out DIR] [--quick] [--workers N] [--ray ADDRESS]
+        [--miss-tokens N[,N...]] [--policy NAME ...] [--floor]
 
 Trace: the `flood` preset (seed 6): one warm-up request at t = 0 computes the flood's shared
-6,144-token prefix (plus its own 256-token suffix) on the idle engine, then 60 s of 8,192-token
-misses at 1.3x capacity (the backlog), 90 s of a flood of requests sharing that prefix plus a
-256-token unique suffix (0.9x capacity in uncached tokens), then 150 s of calm with 20% misses.
-Per policy: the worst TTFT of a backlog miss (requests tagged `kind=miss` in phase `backlog`), its
-ratio to FCFS's worst backlog miss, the backlog misses' p99, the worst TTFT of any miss (calm
-included), the median and p99 of the flood requests (phase `flood`), and when the first flood
-request with a cache hit was scheduled, when the last flood request got its first token, and how
-many backlog misses got no token until then. The claim tested: Fairway's worst miss is close to
-FCFS's, not 3-9x longer as under cache-greedy orders. Variants (every registered policy each):
+6,144-token prefix (plus its own 256-token suffix) on the idle engine, then 60 s of misses at 1.3x
+capacity (the backlog), 90 s of a flood of requests sharing that prefix plus a 256-token unique
+suffix (0.9x capacity in uncached tokens), then 150 s of calm with 20% misses. The miss size is
+the experiment's parameter: one variant per `--miss-tokens` value (default 4,096, 8,192, 16,384
+and 32,000 tokens: 2, 4, 8 and ~16 step budgets of 2,048 tokens), each with a KV cache that holds
+all of the trace's content (no eviction), so the warm prefix is still cached when the flood starts
+and every flood request is a hit, the situation the claim is about. Arrivals are the same Poisson
+draws for every size; the rates follow the size (the backlog's load is fixed, so larger misses
+are fewer).
 
-* `flood`: the preset as built, with a KV cache that holds all of the trace's content (no
-  eviction), so the warm prefix is still cached when the flood starts: every flood request is a
-  hit from the start, the situation the claim is about. The main rows.
-* `flood-m8000`: the same with 8,000-token misses (`miss_tokens=8000`). Fairway's work charges
-  place about work / 4 tokens of hits (fast_weight 4) ahead of the oldest miss, and ledgers reset
-  every step: a miss of 8,192 tokens has 8 hits of 256 tokens (2,048 tokens, the whole step
-  budget) ahead of it and gets no tokens while hits keep coming; one of 8,000 tokens has 7 hits
-  (1,792 tokens) ahead and gets the other 256 tokens of the step, after which it is a running
-  request that vLLM continues first. The two sizes sit on either side of that bound.
-* `flood-floor`: the preset with the KV cache sized as in `fairway bench` (the floor, largest
-  prompt plus two step budgets: 770 blocks; the trace has little reusable content). LRU eviction
-  under the miss backlog drops the warm prefix, so no policy sees a flood hit until a flood
-  request has computed it again: a check of how much the warm cache matters.
+Per policy (every registered policy, or those given with `--policy`): the worst TTFT of a
+backlog miss (requests tagged `kind=miss` in phase `backlog`), its ratio to FCFS's worst backlog
+miss, the backlog misses' p99, the worst TTFT of any miss (calm included), the median and p99 of
+the flood requests (phase `flood`) and the median of those that were cache hits
+(`fairway.replay.results.HIT_DEFINITION`), when the first flood request with a cache hit was
+scheduled, when the last flood request got its first token, and how many backlog misses got no
+token until then. The claim tested: Fairway's worst miss is close to FCFS's, not 3-9x longer as
+under cache-greedy orders, while its flood median stays far below FCFS's.
+
+`--floor` adds `flood-floor`: the preset (8,192-token misses) with the KV cache sized as in
+`fairway bench` (the floor, largest prompt plus two step budgets: 770 blocks); LRU eviction under
+the miss backlog drops the warm prefix, so no policy sees a flood hit until a flood request has
+computed it again: a check of how much the warm cache matters.
 
 Writes e3.md / e3.json / e3.png and one JSON per replay.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -57,8 +59,8 @@ from fairway.traces.format import Trace  # noqa: E402
 
 NAME = "e3"
 PRESET = "flood"
-#: The sensitivity variant's miss size: just below 4 x the 2,048-token step budget.
-SHORT_MISS_TOKENS = 8000
+#: Default miss sizes: 2, 4, 8 and ~16 step budgets (32,000 fits the replay's 32,768 model length).
+MISS_SIZES = (4096, 8192, 16384, 32000)
 
 
 def whole_content_blocks(trace: Trace, block_size: int = 16) -> int:
@@ -91,13 +93,14 @@ def measure(result: ReplayResult) -> dict[str, Any]:
     misses = [r for r in result.requests if r.tags.get("kind") == "miss"]
     backlog = [r for r in misses if r.phase == "backlog"]
     flood = [r for r in result.requests if r.phase == "flood"]
-    first_hit = [r.first_scheduled_s for r in flood if r.cached_tokens]
+    first_hit = [r.first_scheduled_s for r in flood if r.hit]
     flood_done = max((r.first_token_s for r in flood if r.first_token_s is not None), default=None)
     return {
         "miss": _stats([r.ttft_s for r in backlog if r.ttft_s is not None]),
         "any_miss": _stats([r.ttft_s for r in misses if r.ttft_s is not None]),
         "flood": _stats([r.ttft_s for r in flood if r.ttft_s is not None]),
-        "flood_hits": sum(1 for r in flood if r.cached_tokens),
+        "flood_hit": _stats([r.ttft_s for r in flood if r.hit and r.ttft_s is not None]),
+        "flood_hits": sum(1 for r in flood if r.hit),
         "flood_requests": len(flood),
         "first_flood_hit_scheduled_s": min(first_hit) if first_hit else None,
         "flood_starts_s": min((r.arrival_s for r in flood), default=None),
@@ -130,15 +133,17 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     """One variant: the miss and flood statistics of every policy."""
     lines = [
         "| policy | worst backlog miss (s) | x FCFS | backlog miss p99 (s) | worst miss, any "
-        "phase (s) | flood median (s) | flood p99 (s) | flood requests with a hit | first flood "
+        "phase (s) | flood median (s) | flood-hit median (s) | flood p99 (s) | flood requests "
+        "with a hit | first flood "
         "hit at (s) | last flood first token at (s) | backlog misses started after it | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for policy, row in rows.items():
         lines.append(
             f"| {policy} | {_f(row['miss']['max_s'])} | {_f(row['worst_miss_vs_fcfs'])} | "
             f"{_f(row['miss']['p99_s'])} | {_f(row['any_miss']['max_s'])} | "
-            f"{_f(row['flood']['median_s'])} | {_f(row['flood']['p99_s'])} | "
+            f"{_f(row['flood']['median_s'])} | {_f(row['flood_hit']['median_s'])} | "
+            f"{_f(row['flood']['p99_s'])} | "
             f"{row['flood_hits']}/{row['flood_requests']} | "
             f"{_f(row['first_flood_hit_scheduled_s'])} | {_f(row['flood_done_s'])} | "
             f"{row['misses_after_flood']}/{row['miss']['n']} | {row['errors']} |"
@@ -146,24 +151,21 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_table(
-    rows: dict[str, dict[str, dict[str, Any]]], main: str, short: str, sizes: tuple[int, int]
-) -> str:
-    """Per policy, both miss sizes (warm cache): worst backlog miss, x FCFS, flood median."""
-    lines = [
-        f"| policy | worst miss, {sizes[0]:,}-token misses (s) | x FCFS | flood median (s) | "
-        f"worst miss, {sizes[1]:,}-token misses (s) | x FCFS | flood median (s) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for policy in rows[main]:
+def summary_table(rows: dict[str, dict[str, dict[str, Any]]], sizes: dict[str, int]) -> str:
+    """Per policy and miss size (warm cache): worst backlog miss, x FCFS, flood-hit median."""
+    labels = list(sizes)
+    header = " | ".join(f"{sizes[v]:,}: worst miss (s) | x FCFS | flood-hit median (s)"
+                        for v in labels)
+    lines = [f"| policy | {header} |", "|---|" + "---|---|---|" * len(labels)]
+    for policy in rows[labels[0]]:
         cells = []
-        for label in (main, short):
+        for label in labels:
             r = rows[label].get(policy)
             if r is None:
                 cells += ["—"] * 3
                 continue
             cells += [_f(r["miss"]["max_s"]), _f(r["worst_miss_vs_fcfs"]),
-                      _f(r["flood"]["median_s"])]
+                      _f(r["flood_hit"]["median_s"])]
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -200,28 +202,57 @@ def plot(groups: dict[str, list[ReplayResult]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def variants(args: Any) -> list[tuple[str, Trace, list[str], dict[str, Any]]]:
-    """(label, trace, policies, replay options) of each variant; the first two are the table."""
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`--miss-tokens 4096,8192`: distinct positive integers, in the given order."""
+    try:
+        sizes = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--miss-tokens: integers separated by commas, got "
+                                         f"{text!r}") from None
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"--miss-tokens: distinct integers >= 1, got {text!r}")
+    return sizes
+
+
+def warm_variant(size: int, args: Any) -> tuple[str, Trace, dict[str, Any]]:
+    """(label, trace, replay options) of the preset with `size`-token misses, all content cached."""
     suffix = "-quick" if args.quick else ""
-    base = load_trace_spec(PRESET, quick=args.quick, cache_dir=args.trace_cache)
-    short = load_trace_spec(
-        PRESET, quick=args.quick, cache_dir=args.trace_cache, miss_tokens=SHORT_MISS_TOKENS
-    )
-    everyone = ordered_policies(None)
-    return [
-        (f"flood{suffix}", base, everyone, {"num_blocks": whole_content_blocks(base)}),
-        (
-            f"flood-m{SHORT_MISS_TOKENS}{suffix}",
-            short,
-            everyone,
-            {"num_blocks": whole_content_blocks(short)},
-        ),
-        (f"flood-floor{suffix}", base, everyone, {}),
-    ]
+    trace = load_trace_spec(PRESET, quick=args.quick, cache_dir=args.trace_cache,
+                            miss_tokens=size)
+    return f"flood-m{size}{suffix}", trace, {"num_blocks": whole_content_blocks(trace)}
+
+
+def variants(args: Any) -> list[tuple[str, Trace, list[str], dict[str, Any]]]:
+    """(label, trace, policies, replay options) of each variant; the warm ones are the table."""
+    everyone = ordered_policies(args.policy)
+    out = [(label, trace, everyone, options)
+           for label, trace, options in (warm_variant(n, args) for n in args.miss_tokens)]
+    if args.floor:
+        base = load_trace_spec(PRESET, quick=args.quick, cache_dir=args.trace_cache)
+        out.append((f"flood-floor{'-quick' if args.quick else ''}", base, everyone, {}))
+    return out
+
+
+def add_miss_tokens(p: argparse.ArgumentParser, default: tuple[int, ...]) -> None:
+    """`--miss-tokens N[,N...]` (shared with e5_tradeoff.py)."""
+    p.add_argument("--miss-tokens", type=parse_sizes, default=default, metavar="N[,N...]",
+                   help="miss sizes, one warm-cache variant each (default "
+                   f"{','.join(map(str, default))})")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The common experiment flags plus `--miss-tokens` and `--floor`."""
+    p = experiment_parser(__doc__.split("\n\n")[0])
+    add_miss_tokens(p, MISS_SIZES)
+    p.add_argument("--policy", action="append", default=None, metavar="NAME",
+                   help="a policy (repeatable; default: every registered policy)")
+    p.add_argument("--floor", action="store_true",
+                   help="add the floor-sized-cache check (8,192-token misses, 770 blocks)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = experiment_parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    args = parser().parse_args(argv)
     started = time.perf_counter()
     out_dir = new_out_dir(args.out, NAME)
     profile = {} if args.profile is None else {"profile": args.profile}
@@ -235,16 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = {label: {r.policy: measure(r) for r in group} for label, group in groups.items()}
     for by_policy in rows.values():
         add_ratios(by_policy)
-    main_label, short_label = plan[0][0], plan[1][0]
+    warm = {label: trace.header.params["miss_tokens"] for label, trace, _, options in plan
+            if "num_blocks" in options}
     parts = [
-        "Worst backlog miss TTFT, its ratio to FCFS's, and the flood requests' median TTFT; KV "
-        "cache holding all content (the warm prefix is never evicted):\n\n"
-        + summary_table(
-            rows,
-            main_label,
-            short_label,
-            (plan[0][1].header.params["miss_tokens"], plan[1][1].header.params["miss_tokens"]),
-        )
+        "Worst backlog miss TTFT, its ratio to FCFS's, and the median TTFT of the flood requests "
+        "that were cache hits, per miss size (tokens); KV cache holding all content (the warm "
+        "prefix is never evicted):\n\n" + summary_table(rows, warm)
     ]
     for label, trace, _, options in plan:
         n_miss = sum(1 for r in trace.requests if r.tags.get("kind") == "miss")

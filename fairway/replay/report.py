@@ -4,6 +4,11 @@ Percentiles are numpy's `percentile(..., method="linear")` (the default, "type 7
 interpolation between the two nearest ranks) over the requests that produced a first token.
 Errored requests have no TTFT: they are counted in `n_errors`, never silently dropped, and a policy
 with errors in a phase fails that phase's targets (its percentiles would flatter it otherwise).
+
+Every report also splits TTFT by cache hit vs miss (`fairway.replay.results.HIT_DEFINITION`):
+a cache-greedy order can have a fine overall median while its few misses carry most of the
+waiting, which the per-phase rows hide. Results without cached-token counts (a live server that
+does not report them) get no split: the report says "unavailable" instead of guessing.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fairway.replay.results import ReplayResult, RequestResult, safe_name
+from fairway.replay.results import HIT_DEFINITION, ReplayResult, RequestResult, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,34 @@ class Starvation:
     starved: bool
 
 
+@dataclass(frozen=True, slots=True)
+class HitMissStats:
+    """TTFT of one policy's cache hits and misses in one phase of one trace (seconds).
+
+    Attributes:
+        available: the result has cached-token counts (else every other field is empty).
+        n_hit, n_miss: requests of each class, errored ones included.
+        n_unknown: requests whose cached tokens are unknown (never scheduled, or not reported).
+        hit_median_s, hit_p99_s, miss_median_s, miss_p99_s, miss_max_s: over requests with a TTFT.
+        miss_ttft_share: the misses' share of the summed TTFT of all classified requests with a
+            TTFT (SGLang #31954: ~5% of requests, misses, carried ~75% of it under LPM).
+    """
+
+    trace_name: str
+    policy: str
+    phase: str
+    available: bool
+    n_hit: int = 0
+    n_miss: int = 0
+    n_unknown: int = 0
+    hit_median_s: float | None = None
+    hit_p99_s: float | None = None
+    miss_median_s: float | None = None
+    miss_p99_s: float | None = None
+    miss_max_s: float | None = None
+    miss_ttft_share: float | None = None
+
+
 @dataclass(frozen=True)
 class Summary:
     """Everything the tables need, in report order.
@@ -74,6 +107,7 @@ class Summary:
         phases: per trace, phase labels by first arrival, then `ALL`.
         rows: one `PhaseStats` per trace x policy x phase, in the order above.
         starvation: one `Starvation` per trace x policy.
+        hit_miss: one `HitMissStats` per trace x policy x phase, in the order of `rows`.
     """
 
     traces: list[str]
@@ -82,10 +116,18 @@ class Summary:
     rows: list[PhaseStats]
     starvation: list[Starvation]
     percentile_method: str = PERCENTILE_METHOD
+    hit_miss: list[HitMissStats] = dataclasses.field(default_factory=list)
 
     def row(self, trace_name: str, policy: str, phase: str) -> PhaseStats | None:
         """The stats of one cell, or None when that policy or phase is absent."""
         for r in self.rows:
+            if (r.trace_name, r.policy, r.phase) == (trace_name, policy, phase):
+                return r
+        return None
+
+    def hit_miss_row(self, trace_name: str, policy: str, phase: str) -> HitMissStats | None:
+        """The hit / miss split of one cell, or None when that policy or phase is absent."""
+        for r in self.hit_miss:
             if (r.trace_name, r.policy, r.phase) == (trace_name, policy, phase):
                 return r
         return None
@@ -111,6 +153,27 @@ def _phase_stats(trace_name: str, policy: str, phase: str, reqs: list[RequestRes
     median, p90, p99, worst = ttft_stats(ttfts)
     return PhaseStats(trace_name, policy, phase, len(reqs), len(reqs) - len(ttfts),
                       median, p90, p99, worst)
+
+
+def hit_miss_stats(
+    trace_name: str, policy: str, phase: str, reqs: list[RequestResult], available: bool
+) -> HitMissStats:
+    """Split `reqs` into hits and misses (`RequestResult.hit`) and give each class's TTFT."""
+    if not available:
+        return HitMissStats(trace_name, policy, phase, False)
+    hits = [r for r in reqs if r.hit is True]
+    misses = [r for r in reqs if r.hit is False]
+    hit_ttfts = [t for t in (r.ttft_s for r in hits) if t is not None]
+    miss_ttfts = [t for t in (r.ttft_s for r in misses) if t is not None]
+    hit_median, _, hit_p99, _ = ttft_stats(hit_ttfts)
+    miss_median, _, miss_p99, miss_max = ttft_stats(miss_ttfts)
+    total = sum(hit_ttfts) + sum(miss_ttfts)
+    share = sum(miss_ttfts) / total if total > 0 else None
+    return HitMissStats(
+        trace_name, policy, phase, True, len(hits), len(misses),
+        len(reqs) - len(hits) - len(misses), hit_median, hit_p99, miss_median, miss_p99,
+        miss_max, share,
+    )
 
 
 def phase_order(results: Iterable[ReplayResult]) -> list[str]:
@@ -165,15 +228,19 @@ def summarize(results: list[ReplayResult]) -> Summary:
     phases: dict[str, list[str]] = {}
     rows: list[PhaseStats] = []
     starvation: list[Starvation] = []
+    hit_miss: list[HitMissStats] = []
     for trace_name, group in by_trace.items():
         policies[trace_name] = [g.policy for g in group]
         phases[trace_name] = [*phase_order(group), ALL]
         for result in group:
+            # A result that knows no request's cached tokens has no split (live, not reported).
+            available = any(r.cached_tokens is not None for r in result.requests)
             for phase in phases[trace_name]:
                 reqs = [r for r in result.requests if phase == ALL or r.phase == phase]
                 rows.append(_phase_stats(trace_name, result.policy, phase, reqs))
+                hit_miss.append(hit_miss_stats(trace_name, result.policy, phase, reqs, available))
             starvation.append(starvation_check(trace_name, result.policy, result.requests))
-    return Summary(list(by_trace), policies, phases, rows, starvation)
+    return Summary(list(by_trace), policies, phases, rows, starvation, hit_miss=hit_miss)
 
 
 # --- the six targets -----------------------------------------------------------------------------
@@ -294,6 +361,8 @@ def _trace_md(summary: Summary, trace_name: str) -> list[str]:
         ["policy", *(k.replace(".", " ") for k in keys), "met"],
         ([p, *(t["targets"][k]["status"] for k in keys), _met_cell(t)] for p, t in targets.items()),
     )
+    lines += ["", "### TTFT by cache hit / miss (ms)", "", f"{HIT_DEFINITION}.", ""]
+    lines += hit_miss_table(summary, trace_name)
     lines += ["", f"### Starvation (worst TTFT > {STARVATION_FACTOR:g} x own p99)", ""]
     lines += _table(
         ["policy", "max", "p99", "starved"],
@@ -301,6 +370,33 @@ def _trace_md(summary: Summary, trace_name: str) -> list[str]:
          for s in summary.starvation if s.trace_name == trace_name),
     )
     return lines
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def hit_miss_table(summary: Summary, trace_name: str, phases: Sequence[str] | None = None
+                   ) -> list[str]:
+    """Markdown rows of the hit / miss split of one trace (all its phases, or `phases`)."""
+    rows = []
+    for r in summary.hit_miss:
+        if r.trace_name != trace_name or (phases is not None and r.phase not in phases):
+            continue
+        if not r.available:
+            rows.append([r.policy, r.phase, "unavailable: the result has no cached-token "
+                         "counts", *[""] * 7])
+            continue
+        unknown = f" (+{r.n_unknown} unknown)" if r.n_unknown else ""
+        rows.append([
+            r.policy, r.phase, f"{r.n_hit} / {r.n_miss}{unknown}", _ms(r.hit_median_s),
+            _ms(r.hit_p99_s), _ms(r.miss_median_s), _ms(r.miss_p99_s), _ms(r.miss_max_s),
+            _share(r.miss_ttft_share),
+            _share(r.n_miss / (r.n_hit + r.n_miss)) if r.n_hit + r.n_miss else "—",
+        ])
+    return _table(["policy", "phase", "hits / misses", "hit median", "hit p99", "miss median",
+                   "miss p99", "miss max", "misses' share of TTFT", "miss share of requests"],
+                  rows)
 
 
 def to_markdown(summary: Summary) -> str:
@@ -329,10 +425,12 @@ def to_json(summary: Summary) -> dict[str, Any]:
             "rows": [dataclasses.asdict(r) for r in summary.rows if r.trace_name == t],
             "starvation": [dataclasses.asdict(s) for s in summary.starvation if s.trace_name == t],
             "targets": six_targets(summary, t),
+            "hit_miss": [dataclasses.asdict(h) for h in summary.hit_miss if h.trace_name == t],
         }
     return {
         "format": REPORT_FORMAT,
         "percentile_method": summary.percentile_method,
+        "hit_definition": HIT_DEFINITION,
         "target_phases": list(TARGET_PHASES),
         "target_factor": TARGET_FACTOR,
         "starvation_factor": STARVATION_FACTOR,

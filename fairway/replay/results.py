@@ -21,6 +21,17 @@ logger = logging.getLogger(__name__)
 
 #: Written into every file so a future layout change can be detected instead of misread.
 FORMAT = "fairway.replay_result/1"
+#: A request is a cache *hit* when the prefix cache served at least this share of its prompt when
+#: the engine first scheduled it (`RequestResult.cached_tokens`), else a *miss*. Half, because the
+#: workloads this split is about are bimodal (a long cached prefix and a short suffix, or nothing
+#: cached at all): any threshold between them gives the same split, and half is the natural one.
+HIT_SHARE = 0.5
+#: The definition in words, for reports.
+HIT_DEFINITION = (
+    f"hit: the prefix cache held >= {HIT_SHARE:.0%} of the prompt when the request was first "
+    "scheduled (virtual replay: the engine's computed tokens at admission; live replay: the "
+    "server's `usage.prompt_tokens_details.cached_tokens`); miss: less"
+)
 
 
 class ResultError(FairwayError, ValueError):
@@ -62,6 +73,17 @@ class RequestResult:
         if self.error is not None or self.first_token_s is None:
             return None
         return self.first_token_s - self.arrival_s
+
+    @property
+    def hit(self) -> bool | None:
+        """Cache hit (`HIT_SHARE` of the prompt cached at admission) or miss; None if unknown.
+
+        Unknown when the replay did not learn the cached tokens: a live server that does not
+        report them, or a request that was never scheduled.
+        """
+        if self.cached_tokens is None:
+            return None
+        return self.cached_tokens >= HIT_SHARE * self.prompt_tokens
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready fields (no derived values: `ttft_s` is recomputed on load)."""

@@ -18,6 +18,8 @@ from typing import Any
 from fairway.errors import TraceError
 from fairway.traces.flood import FloodParams, build_flood
 from fairway.traces.format import Trace, TraceHeader, TraceRequest
+from fairway.traces.hitheavy import DEFAULT_SHAPE as HIT_HEAVY_SHAPE
+from fairway.traces.hitheavy import HitHeavyParams, build_hit_heavy
 from fairway.traces.mooncake import MooncakeParams, build_mooncake
 from fairway.traces.musique import MusiqueParams, build_musique
 from fairway.traces.sec import SecLongParams, SecParams, build_sec
@@ -74,6 +76,9 @@ FAMILIES: dict[str, Family] = {
                _mooncake),
         Family("flood", FloodParams, "flood", "backlog of misses, then a flood of cached requests",
                _shaped(build_flood)),
+        Family("hit-heavy", HitHeavyParams, HIT_HEAVY_SHAPE,
+               "96% hits on hot contexts, 4% long misses (after SGLang #31954)",
+               _shaped(build_hit_heavy)),
     )
 }
 
@@ -109,6 +114,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "family": "flood", "seed": 6, "shape": "flood", "params": {},
         "description": "one warm-up request computes the shared prefix at t = 0, 60 s backlog of "
         "8k-token misses, 90 s flood of cached requests, calm",
+    },
+    # After SGLang issue #31954: production agentic traffic with ~96% radix-cache hits, where
+    # under `lpm` the ~5% cache misses formed a 20-60 s TTFT tail carrying ~75% of all TTFT
+    # (median 0.7 s). Replay it with a cache that holds the hot contexts (--cache-fraction 1.5).
+    "hit-heavy": {
+        "family": "hit-heavy", "seed": 7, "shape": HIT_HEAVY_SHAPE, "params": {},
+        "description": "96% of requests hit one of 4 hot 8k-token contexts, 4% are 8k-token "
+        "misses (after SGLang #31954); replay with --cache-fraction 1.5",
     },
 }
 
@@ -195,7 +208,7 @@ def build_trace(
     """Build a trace.
 
     Args:
-        family: one of `FAMILIES` (sec, sec-long, musique, mooncake, flood).
+        family: one of `FAMILIES` (sec, sec-long, musique, mooncake, flood, hit-heavy).
         seed: non-negative integer; every random choice derives from it.
         shape: a named or inline load shape (`fairway.traces.shapes.get_shape`); None: the
             family's default. Mooncake keeps its real arrivals and takes none.

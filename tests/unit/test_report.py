@@ -216,3 +216,71 @@ def test_bad_result_file_is_a_clear_error(tmp_path) -> None:
         results.load(path)
     with pytest.raises(ResultError, match="cannot read"):
         results.load(tmp_path / "missing.json")
+
+
+# --- hit / miss split -----------------------------------------------------------------------------
+
+
+def hm_req(i: int, phase: str, ttft: float | None, prompt: int,
+           cached: int | None) -> RequestResult:
+    """A request of `prompt` tokens, `cached` of them from the prefix cache at admission."""
+    arrival = PHASE_START_S[phase] + i * 0.01
+    first = None if ttft is None else arrival + ttft
+    error = None if ttft is not None else "HTTP 500: boom"
+    return RequestResult(f"h{i}", arrival, phase, prompt, None, first, cached, error)
+
+
+def test_hit_is_half_the_prompt_cached_at_admission() -> None:
+    assert results.HIT_SHARE == 0.5
+    assert hm_req(0, "calm", 1.0, 1000, 500).hit is True   # exactly half: a hit
+    assert hm_req(1, "calm", 1.0, 1000, 499).hit is False
+    assert hm_req(2, "calm", 1.0, 1000, 0).hit is False
+    assert hm_req(3, "calm", 1.0, 1000, None).hit is None  # not known: neither
+
+
+def test_hit_miss_split_per_phase_and_overall() -> None:
+    reqs = [hm_req(i, "calm", 1.0 + i, 1000, 900) for i in range(3)]        # hits: 1, 2, 3
+    reqs += [hm_req(10, "calm", 20.0, 1000, 0)]                           # a miss: 20
+    reqs += [hm_req(20, "spike", 0.5, 1000, 800), hm_req(21, "spike", 40.0, 1000, 16)]
+    reqs += [hm_req(22, "spike", None, 1000, None)]  # never scheduled: unknown, errored
+    result = ReplayResult("lpm", "t", {}, reqs, wall_s=1.0, simulated_s=60.0)
+    summary = summarize([result])
+    calm = summary.hit_miss_row("t", "lpm", "calm")
+    assert calm is not None and calm.available
+    assert (calm.n_hit, calm.n_miss, calm.n_unknown) == (3, 1, 0)
+    assert (calm.hit_median_s, calm.miss_median_s, calm.miss_max_s) == pytest.approx(
+        (2.0, 20.0, 20.0))
+    assert calm.hit_p99_s == pytest.approx(2.98)
+    assert calm.miss_ttft_share == pytest.approx(20 / 26)
+    spike = summary.hit_miss_row("t", "lpm", "spike")
+    assert spike is not None and (spike.n_hit, spike.n_miss, spike.n_unknown) == (1, 1, 1)
+    whole = summary.hit_miss_row("t", "lpm", ALL)
+    assert whole is not None and (whole.n_hit, whole.n_miss, whole.n_unknown) == (4, 2, 1)
+    assert whole.miss_median_s == pytest.approx(30.0)
+    assert whole.miss_ttft_share == pytest.approx(60 / 66.5)
+    md = to_markdown(summary)
+    assert "### TTFT by cache hit / miss (ms)" in md
+    assert ">= 50% of the prompt" in md
+    assert ("| lpm | calm | 3 / 1 | 2000.0 | 2980.0 | 20000.0 | 20000.0 | 20000.0 | 77% | 25% |"
+            in md)
+    assert "| lpm | spike | 1 / 1 (+1 unknown) |" in md
+
+
+def test_hit_miss_split_is_unavailable_without_cached_counts(tmp_path) -> None:
+    # `replay()` builds requests with cached_tokens=None, as a live server that does not report it.
+    live = replay("fcfs", FCFS)
+    virtual = ReplayResult("lpm", "t", {}, [hm_req(0, "calm", 1.0, 100, 100)], 1.0, 5.0)
+    summary = summarize([live, virtual])
+    row = summary.hit_miss_row("t", "fcfs", ALL)
+    assert row is not None and not row.available
+    assert (row.n_hit, row.n_miss, row.hit_median_s) == (0, 0, None)
+    assert "| fcfs | calm | unavailable: the result has no cached-token counts |" in to_markdown(
+        summary)
+    paths = write_report([live, virtual], tmp_path / "out")
+    data = json.loads(paths["json"].read_text())
+    assert data["hit_definition"] == results.HIT_DEFINITION
+    split = {(h["policy"], h["phase"]): h for h in data["traces"]["t"]["hit_miss"]}
+    assert split[("fcfs", "all")]["available"] is False
+    assert split[("lpm", "all")]["available"] is True
+    assert split[("lpm", "all")]["n_hit"] == 1
+    assert split[("lpm", "all")]["hit_median_s"] == pytest.approx(1.0)
