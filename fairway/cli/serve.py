@@ -88,7 +88,8 @@ def _add_fairway_flags(parser: argparse.ArgumentParser) -> None:
         "--policy",
         default=None,
         metavar="NAME",
-        help="ordering of the waiting queue (default: fairway; the policies are listed below)",
+        help="ordering of the waiting queue (default: fairway-step, the seed rule; the policies "
+        "are listed below)",
     )
     parser.add_argument(
         "--policy-arg",
@@ -217,6 +218,7 @@ def _given_settings(args: argparse.Namespace, section: Any) -> list[Any]:
     """The user's JSON section, then the flags (flags win), as `Setting`s."""
     import fairway.policies as policies
     from fairway.options import (
+        DEFAULT_POLICY,
         SERVING_OPTIONS,
         FairwayOptions,
         Setting,
@@ -229,7 +231,7 @@ def _given_settings(args: argparse.Namespace, section: Any) -> list[Any]:
     given = json_settings(section)
     if args.policy is not None:
         given.append(Setting("policy", args.policy, "--policy"))
-    policy = next((s.value for s in reversed(given) if s.key == "policy"), "fairway")
+    policy = next((s.value for s in reversed(given) if s.key == "policy"), DEFAULT_POLICY)
     if policy not in policies.names():
         FairwayOptions.from_settings(given)  # raises: the policy, its source, the known ones
     given += policy_arg_settings(parse_policy_args(args.policy_arg), [policy])[policy]
