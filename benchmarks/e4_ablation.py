@@ -2,15 +2,16 @@
 
     python benchmarks/e4_ablation.py [--out DIR] [--quick] [--workers N] [--ray ADDRESS]
 
-(a) `fairway` (wait / SLO, SLO = max(1 s, 3 x T(L))) against `fairway-abswait` (wait / 1 s):
+(a) `fairway-step` (wait / SLO, SLO = max(1 s, 3 x T(L))) against `fairway-abswait` (wait / 1 s):
 p99 TTFT of short and of long prompts, split at the trace's median prompt length (short:
 L <= median), on a similar-length trace (`sec-a`, ~4-5k tokens) and a mixed-length one
 (`sec-long`, 1k-16k tokens).
 Relative wait should help short prompts on the mixed trace and change little on the similar one.
-(b) `fairway` against `fairway-nofair` (Fast lane only): p99, max TTFT and the starvation flag on
+(b) `fairway-step` against `fairway-nofair` (Fast lane only): p99, max TTFT, starvation flag on
 `sec-a`, `sec-long` and the `flood` preset (the Fair lane exists for floods of cache hits).
 KV cache as in `fairway bench` (0.3 x reusable content, or the floor). Writes e4.md / e4.json /
-e4.png and one JSON per replay.
+e4.png and one JSON per replay. Both ablations are variants of the seed rule, `fairway-step` (the
+cross-step `fairway` has no `wait_mode` or `fair_lane` parameter).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from fairway.replay.sweep import ReplayJob  # noqa: E402
 
 NAME = "e4"
 WAIT_TRACES = ("sec-a", "sec-long")
-WAIT_POLICIES = ("fairway", "fairway-abswait")
+BASE = "fairway-step"
+WAIT_POLICIES = (BASE, "fairway-abswait")
 FAIR_TRACES = ("sec-a", "sec-long", "flood")
-FAIR_POLICIES = ("fairway", "fairway-nofair")
+FAIR_POLICIES = (BASE, "fairway-nofair")
 
 
 def p99(values: list[float]) -> float | None:
@@ -124,10 +126,10 @@ def plot(
     for trace, by_policy in wait_rows.items():
         for part in ("short", "long"):
             labels.append(f"{trace}\n{part}")
-            fw.append(by_policy["fairway"][f"{part}_p99_s"] or 0.0)
+            fw.append(by_policy[BASE][f"{part}_p99_s"] or 0.0)
             ab.append(by_policy["fairway-abswait"][f"{part}_p99_s"] or 0.0)
     xs = np.arange(len(labels))
-    left.bar(xs - 0.2, fw, 0.4, label="fairway (wait / SLO)")
+    left.bar(xs - 0.2, fw, 0.4, label=f"{BASE} (wait / SLO)")
     left.bar(xs + 0.2, ab, 0.4, label="fairway-abswait (wait / 1 s)")
     left.set_xticks(xs, labels, fontsize=8)
     left.set_ylabel("p99 TTFT (s)")
