@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -27,6 +28,7 @@ from vllm.v1.request import Request
 import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
+from fairway.policies.columns import QueueColumns, check_permutation, order_of
 from fairway.vllm import plugin, probe, protect
 from fairway.vllm.config import FairwayOptions
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
@@ -44,16 +46,24 @@ class _Placed:
     lanes: list[str] | None  # lane per ordered position (Fairway), None: one lane
 
 
+@dataclass(slots=True)
+class _LastOrder:
+    """The policy's input and output at the last ordered step (views built only when read)."""
+
+    columns: QueueColumns | None = None
+    order: np.ndarray | None = None
+
+
 class FairwaySchedulerMixin:
     """The logic shared by both Fairway schedulers; put it before the vLLM base class.
 
     Attributes set at construction (public, read by tests, the replay and the benchmark):
         fairway_options: the resolved `FairwayOptions`.
         fairway_policy: the policy object (one per scheduler; it may keep state).
-        fairway_probe: the incremental `PrefixProbe`.
+        fairway_probe: the incremental `PrefixProbe` (it also keeps the queue's numpy columns).
         fairway_totals: `FairwayStats` accumulated since construction.
         fairway_last_views / fairway_last_order: the policy's input and output at the last
-            ordered step (views of the orderable requests; indices into them).
+            ordered step (views of the orderable requests, built when read; indices into them).
         fairway_clock: `() -> seconds`, the `now` given to the policy; must be on the clock of
             `Request.arrival_time` (wall clock, `time.time`, in vLLM). Assign another callable
             to the attribute (or call `set_fairway_clock`) for a virtual clock.
@@ -69,17 +79,22 @@ class FairwaySchedulerMixin:
         _check_internals(self)
         self.fairway_options = options
         self.fairway_policy = policy
+        manager = probe.kv_cache_manager(self)
         self.fairway_probe = probe.PrefixProbe(
-            probe.kv_cache_manager(self), caching=bool(self.cache_config.enable_prefix_caching)
+            manager,
+            caching=bool(self.cache_config.enable_prefix_caching),
+            max_tokens=probe.usable_blocks(self) * probe.block_size_of(manager),
+            keep_preempted_first=not options.reorder_preempted,
         )
         self._fairway_rejected: set[str] = set()
         self._fairway_failed_types: set[type] = set()
-        self._fairway_max_tokens = probe.usable_blocks(self) * self.fairway_probe.block_size
         self._fairway_top_k = options.top_k(self.scheduler_config.max_num_seqs)
+        self._fairway_last = _LastOrder()
+        self._fairway_prepass_ran = False
+        #: Steps whose ordering was skipped because no request slot was free.
+        self.fairway_steps_skipped = 0
         self.fairway_stats = FairwayStats()
         self.fairway_totals = FairwayStats()
-        self.fairway_last_views: list[policies.QueuedRequest] = []
-        self.fairway_last_order: list[int] = []
         self.fairway_metrics = (
             FairwayMetrics(
                 model_name=str(self.vllm_config.model_config.served_model_name),
@@ -96,6 +111,32 @@ class FairwaySchedulerMixin:
     def set_fairway_clock(self, clock: Callable[[], float]) -> None:
         """Use `clock` for `now` (e.g. the virtual clock of `fairway.replay.sim`)."""
         self.fairway_clock = clock
+
+    @property
+    def fairway_last_views(self) -> list[policies.QueuedRequest]:
+        """The orderable requests at the last ordered step, as the policy's views."""
+        columns = self._fairway_last.columns
+        return columns.views() if columns is not None else []
+
+    @property
+    def fairway_last_order(self) -> list[int]:
+        """The policy's order at the last ordered step (indices into `fairway_last_views`)."""
+        order = self._fairway_last.order
+        return order.tolist() if order is not None else []
+
+    def add_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's unchanged; the probe registers the new request (a streaming update of a known
+        request drops its memo: its tokens change)."""
+        existing = self.requests.get(request.request_id)  # vLLM internal: Scheduler.requests
+        result = super().add_request(request, *args, **kwargs)  # type: ignore[misc]
+        try:
+            if existing is not None:
+                self.fairway_probe.forget([existing])
+            else:
+                self.fairway_probe.note_arrival(request)
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_fallback(exc, "registering a new request", "it is probed later")
+        return result
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         """Order the waiting queue, then run vLLM's step unchanged (arguments pass through)."""
@@ -126,9 +167,25 @@ class FairwaySchedulerMixin:
     # --- before the step --------------------------------------------------------------------------
 
     def _fairway_reorder(self) -> _Placed | None:
-        """Re-sort `self.waiting`; on any failure leave it as it is. Never raises."""
+        """Re-sort `self.waiting`; on any failure leave it as it is. Never raises.
+
+        When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
+        the queue keeps its last order and only the probe advances (new arrivals within its
+        budget, changed hits).
+        """
         queue = probe.waiting_queue(self)
-        if not queue:
+        self._fairway_prepass_ran = bool(queue)
+        memo = self.fairway_probe
+        try:
+            if not queue or not probe.can_admit(self):
+                if len(memo) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
+                    memo.snapshot(list(queue))
+                if queue:
+                    memo.advance()
+                    self.fairway_steps_skipped += 1
+                return None
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_fallback(exc)
             return None
         current = list(queue)
         try:
@@ -143,31 +200,33 @@ class FairwaySchedulerMixin:
 
     def _fairway_plan(self, current: list[Request]) -> _Placed:
         """The new queue order (a permutation of `current`), or an exception."""
-        snap = self.fairway_probe.snapshot(
-            current,
-            keep_preempted_first=not self.fairway_options.reorder_preempted,
-            max_tokens=self._fairway_max_tokens,
-        )
-        views = snap.views
-        order = self.fairway_policy.order(views, self.fairway_clock()) if views else []
-        if len(order) != len(views) or set(order) != set(range(len(views))):
+        snap = self.fairway_probe.snapshot(current)
+        cols = snap.columns
+        assert cols is not None
+        n = len(cols)
+        raw = order_of(self.fairway_policy, cols, self.fairway_clock()) if n else []
+        try:
+            order = check_permutation(raw, n)
+        except ValueError as exc:
             raise PolicyOrderError(
-                f"policy {self.fairway_options.policy!r} returned {len(order)} indices that are "
-                f"not a permutation of range({len(views)})"
-            )
-        ordered = [snap.requests[i] for i in order]
+                f"policy {self.fairway_options.policy!r} did not return a permutation of "
+                f"range({n}): {exc}"
+            ) from None
+        self.fairway_probe.mark_given(cols)
+        requests = snap.requests
+        ordered = [requests[i] for i in order.tolist()]
         for request in snap.oversized:
             self._fairway_reject(request)
         lanes = getattr(self.fairway_policy, "last_lanes", None)
-        if not isinstance(lanes, list) or len(lanes) != len(order):
+        if not isinstance(lanes, list) or len(lanes) != n:
             lanes = None
-        self.fairway_last_views, self.fairway_last_order = views, order
+        self._fairway_last = _LastOrder(cols, order)
         stats = self.fairway_stats
         stats.steps_ordered += 1
-        if views:
+        if n:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
-        queue = snap.fixed + ordered + snap.oversized
-        return _Placed(queue, len(snap.fixed), len(ordered), lanes)
+        queue = snap.fixed + ordered + snap.oversized if snap.fixed or snap.oversized else ordered
+        return _Placed(queue, len(snap.fixed), n, lanes)
 
     def _fairway_reject(self, request: Request) -> None:
         """Finish a request that can never fit (once); it already sits behind everyone."""
@@ -225,8 +284,9 @@ class FairwaySchedulerMixin:
             if scheduled:  # every scheduled request left the waiting queue (or never was in it)
                 requests = self.requests  # vLLM internal: Scheduler.requests
                 self.fairway_probe.forget(requests[rid] for rid in scheduled if rid in requests)
-            if placed is not None:
+            if self._fairway_prepass_ran:
                 stats.prepass_s.append(prepass_s)
+            if placed is not None:
                 admitted = self._fairway_admitted(output, placed)
                 self.fairway_policy.on_step_end(
                     [r.request_id for r in admitted],  # vLLM internal: Request.request_id
@@ -235,7 +295,7 @@ class FairwaySchedulerMixin:
             self._fairway_trim()
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc, "finishing the step", "the step's output is unchanged")
-        if self.fairway_metrics is not None or placed is not None:
+        if self.fairway_metrics is not None or self._fairway_prepass_ran:
             taken = stats.take()
             self.fairway_totals.add(taken)
             if self.fairway_metrics is not None:
@@ -264,12 +324,11 @@ class FairwaySchedulerMixin:
         return admitted
 
     def _fairway_trim(self) -> None:
-        """Drop memo entries of requests that left without being admitted (aborts, errors)."""
-        queue = probe.waiting_queue(self)
-        if len(self.fairway_probe) <= 2 * len(queue) + 64:
+        """Forget rejected ids of requests that are gone (the probe drops its own entries)."""
+        if len(self._fairway_rejected) <= 64:
             return
-        self.fairway_probe.retain(queue)
-        self._fairway_rejected &= {r.request_id for r in queue}  # vLLM internal: request_id
+        requests = self.requests  # vLLM internal: Scheduler.requests
+        self._fairway_rejected = {rid for rid in self._fairway_rejected if rid in requests}
 
 
 class PolicyOrderError(FairwayError):
