@@ -1,8 +1,9 @@
 """FairwayScheduler / FairwayAsyncScheduler: vLLM's V1 schedulers with Fairway's queue order.
 
 Use: `vllm serve MODEL --scheduler-cls fairway.vllm.FairwayScheduler --scheduling-policy fcfs
---enable-prefix-caching --additional-config '{"fairway": {"policy": "fairway"}}'` (take
-`fairway.vllm.FairwayAsyncScheduler` when vLLM runs with async scheduling, the default on GPUs).
+--enable-prefix-caching --additional-config '{"fairway": {"policy": "fairway"}}'`. The class
+follows vLLM's async-scheduling setting (the default on GPUs): with it on, vLLM gets a
+`FairwayAsyncScheduler`, built on vLLM's `AsyncScheduler`.
 
 Before each step the mixin re-sorts `self.waiting` (vLLM's FCFS deque) in place by the policy's
 order, then calls vLLM's own `schedule()`, which admits in that order within the token budget,
@@ -336,11 +337,34 @@ class PolicyOrderError(FairwayError):
 
 
 class FairwayScheduler(FairwaySchedulerMixin, Scheduler):
-    """vLLM's `Scheduler` with Fairway's waiting-queue order (synchronous scheduling)."""
+    """vLLM's scheduler with Fairway's waiting-queue order; the class to name in `--scheduler-cls`.
+
+    It follows the engine's own async-scheduling setting: vLLM builds whatever class
+    `--scheduler-cls` names with the resolved `VllmConfig`, and when
+    `scheduler_config.async_scheduling` is on (vLLM's default on GPUs) this class builds a
+    `FairwayAsyncScheduler` (Fairway on vLLM's `AsyncScheduler`) instead, so naming it never
+    switches async scheduling off. Subclasses are built as they are (they chose their base).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FairwayScheduler:
+        config = kwargs["vllm_config"] if "vllm_config" in kwargs else (args or (None,))[0]
+        if cls is FairwayScheduler and _async_scheduling(config):
+            cls = FairwayAsyncScheduler
+        return super().__new__(cls)  # object.__new__: the arguments go to __init__ only
 
 
-class FairwayAsyncScheduler(FairwaySchedulerMixin, AsyncScheduler):
-    """vLLM's `AsyncScheduler` with Fairway's waiting-queue order (`--async-scheduling`)."""
+class FairwayAsyncScheduler(FairwayScheduler, AsyncScheduler):
+    """vLLM's `AsyncScheduler` with Fairway's waiting-queue order (`--async-scheduling`).
+
+    What `FairwayScheduler` resolves to under async scheduling; naming it directly is the same.
+    MRO: Fairway's mixin, then `AsyncScheduler`, then `Scheduler`.
+    """
+
+
+def _async_scheduling(vllm_config: Any) -> bool:
+    """The engine's resolved async-scheduling setting (None, not yet resolved: synchronous)."""
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    return bool(getattr(scheduler_config, "async_scheduling", False))
 
 
 # --- start-up checks ------------------------------------------------------------------------------
