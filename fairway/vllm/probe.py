@@ -320,6 +320,12 @@ class PrefixProbe:
             self._verify(hit)
         return hit.blocks * self.block_size if self.incremental else int(self._cached[hit.slot])
 
+    def known_cached_tokens(self, request: Request) -> int | None:
+        """h as the policy would see it now, without probing (None: not looked up yet)."""
+        slot = self._slot_of.get(request)
+        hit = self._hits[slot] if slot is not None else None
+        return int(self._cached[slot]) if hit is not None and hit.probed else None
+
     def fresh_cached_tokens(self, request: Request) -> int:
         """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
         if not self.caching or not self._manager.prefix_cache_lookup_enabled(request):
