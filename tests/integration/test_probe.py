@@ -68,21 +68,28 @@ def test_hit_shrinks_as_the_prefix_is_evicted(offline, helpers):
     assert sched.fairway_probe.num_full_lookups >= 10  # every eviction forced a re-lookup
 
 
-def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
-    """Shared prefixes, a small cache (evictions) and arrivals over time."""
-    rng = random.Random(7)
+def _random_workload(offline, helpers, policy, seed):
+    """Shared prefixes, a small cache (evictions), arrivals over time; yields before each step."""
+    rng = random.Random(seed)
     sched = offline.make_offline_scheduler(
-        "fcfs", num_blocks=120, max_num_batched_tokens=128, max_num_seqs=6
+        policy, num_blocks=120, max_num_batched_tokens=128, max_num_seqs=6
     )
     prefixes = [helpers.tokens(10_000 * (g + 1), 16 * rng.randint(4, 30)) for g in range(4)]
-    grew = shrank = 0
-    last: dict[str, int] = {}
     n = 0
     for step_no in range(150):
         for _ in range(rng.choice((0, 0, 0, 1, 3))):
             prompt = rng.choice(prefixes) + helpers.tokens(500_000 + 1_000 * n, rng.randint(1, 300))
             sched.add_request(offline.make_request(f"r{n}", prompt, float(step_no)))
             n += 1
+        yield sched, n
+        offline.step(sched)
+        helpers.check_queues(sched)
+
+
+def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
+    grew = shrank = 0
+    last: dict[str, int] = {}
+    for sched, _ in _random_workload(offline, helpers, "fcfs", seed=7):
         for request in list(sched.waiting):
             incremental, fresh, computed = _lookups(sched, request)
             assert incremental == fresh == computed, request.request_id
@@ -90,8 +97,6 @@ def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
             grew += previous is not None and incremental > previous
             shrank += previous is not None and incremental < previous
             last[request.request_id] = incremental
-        offline.step(sched)
-        helpers.check_queues(sched)
     assert grew and shrank, (grew, shrank)  # both kinds of change were exercised
 
 
@@ -148,23 +153,12 @@ def _columns_hits(sched) -> dict[str, int]:
 
 def test_batch_checks_equal_fresh_lookups_on_a_random_workload(offline, helpers):
     """The whole-queue set checks (growth, eviction) against vLLM's own lookup, every step."""
-    rng = random.Random(11)
-    sched = offline.make_offline_scheduler(
-        "lpm", num_blocks=120, max_num_batched_tokens=128, max_num_seqs=6
-    )
-    prefixes = [helpers.tokens(10_000 * (g + 1), 16 * rng.randint(4, 30)) for g in range(4)]
-    probe = sched.fairway_probe
-    n = 0
-    for step_no in range(150):
-        for _ in range(rng.choice((0, 0, 0, 1, 3))):
-            prompt = rng.choice(prefixes) + helpers.tokens(500_000 + 1_000 * n, rng.randint(1, 300))
-            sched.add_request(offline.make_request(f"r{n}", prompt, float(step_no)))
-            n += 1
+    added = 0
+    for sched, added in _random_workload(offline, helpers, "lpm", seed=11):  # noqa: B007
+        probe = sched.fairway_probe
         for request_id, hit in _columns_hits(sched).items():
             assert hit == probe.fresh_cached_tokens(sched.requests[request_id]), request_id
-        offline.step(sched)
-        helpers.check_queues(sched)
-    assert probe.num_extensions and probe.num_full_lookups > n  # grew, and re-looked-up
+    assert probe.num_extensions and probe.num_full_lookups > added  # grew, and re-looked-up
 
 
 def _full_node(offline, helpers, policy="lpm", num_waiting=10):
