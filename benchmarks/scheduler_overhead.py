@@ -11,12 +11,14 @@ requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-
     step that admits requests is an "admit" sample, each step whose token budget went to running
     chunks is a "busy" sample; after every step as many new requests arrive as were admitted, so
     the queue stays at N (each arm has its own copies, as admission mutates a request);
-  * "burst": the first step after N requests arrive at once into an empty queue (a fresh
-    scheduler each time, `--bursts` times): every request is new to Fairway's prefix probe.
+  * "burst": N requests arrive at once on an idle prefill node (a fresh scheduler each time,
+    `--bursts` times): their `add_request` calls plus the next step; every request is new to
+    Fairway's prefix probe.
 
-Timing is the CPU time of this thread around `schedule()` only (`time.thread_time`, so that a
-shared machine's descheduling is not charged to an arm); `update_from_output()` runs untimed with a
-fake model output. "added" is the arm's median minus vLLM's median of the same kind and size.
+Timing is the CPU time of this thread (`time.thread_time`, so that a shared machine's
+descheduling is not charged to an arm) of `schedule()` plus the `add_request` calls of the
+requests that arrive after it; `update_from_output()` runs untimed with a fake model output.
+"added" is the arm's median minus vLLM's median of the same kind and size.
 The memory Fairway keeps per waiting request is measured with tracemalloc (allocations made from
 `fairway/` files, N = the largest size <= 1,000).
 
@@ -164,6 +166,12 @@ def _timed_step(offline: Any, sched: Any) -> tuple[float, int]:
     return elapsed, len(out.scheduled_new_reqs)
 
 
+def _unprobed(sched: Any) -> int:
+    """Waiting requests Fairway has not looked up yet (0 for vLLM's own scheduler)."""
+    memo = getattr(sched, "fairway_probe", None)
+    return getattr(memo, "num_unprobed", 0) if memo is not None else 0
+
+
 def _result(arm: str, kind: str, n: int, samples: list[float]) -> ArmResult:
     ms = [s * 1e3 for s in samples]
     p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) >= 2 else ms[0]
@@ -180,8 +188,10 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
     for sched in scheds.values():
         work.offline.add_requests(sched, waiting)
     samples: dict[str, list[float]] = {arm: [] for arm in arms}
-    for arm in arms:  # the first step sees every request new: that is the "burst" kind
+    for arm in arms:  # the first steps see every request new: that is the "burst" kind
         _timed_step(work.offline, scheds[arm])
+        while _unprobed(scheds[arm]):
+            _timed_step(work.offline, scheds[arm])
     for _ in range(args.rounds):
         for arm in arms:
             for _ in range(args.steps // args.rounds):
@@ -205,14 +215,22 @@ def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[Ar
     next_k = work.num_waiting
     admit: list[float] = []
     busy: list[float] = []
-    for step_no in range(args.warmup + args.steps):
+    step_no = 0
+    while step_no < args.warmup + args.steps:
         elapsed, admitted = _timed_step(offline, sched)
-        if step_no >= args.warmup:
-            (admit if admitted else busy).append(elapsed)
+        if step_no < args.warmup and _unprobed(sched):
+            step_no = 0  # warm up until the probe has seen every waiting request
+        arrivals = []
         for _ in range(admitted):  # as many arrive as were admitted: the queue stays at N
             template = templates[next_k % len(templates)]
-            sched.add_request(work.copy(template, f"{arm}-{next_k}", time.time()))
+            arrivals.append(work.copy(template, f"{arm}-{next_k}", time.time()))
             next_k += 1
+        start = time.thread_time()
+        offline.add_requests(sched, arrivals)  # timed too: Fairway registers them here
+        elapsed += time.thread_time() - start
+        if step_no >= args.warmup:
+            (admit if admitted else busy).append(elapsed)
+        step_no += 1
     if arm != "vllm":
         assert sched.fairway_totals.policy_fallbacks == 0
     results = []
@@ -224,14 +242,24 @@ def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[Ar
 
 
 def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult]:
-    """The first step after N requests arrive at once (fresh scheduler each time)."""
+    """N requests arrive at once on a prefill node: their `add_request` calls and the next step.
+
+    A fresh scheduler each time; `add_request` is timed too, since Fairway registers a new request
+    there (vLLM's own `add_request` is in the baseline's time as well).
+    """
     samples = []
-    for _ in range(args.bursts):
-        sched = work.scheduler(arm, max_num_seqs=args.running, budget=16_384, fill=True)
-        work.offline.add_requests(sched, work.templates[: work.num_waiting])
+    for b in range(args.bursts):
+        sched = work.scheduler(arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False)
+        burst = [
+            work.copy(t, f"{arm}-b{b}-{k}")
+            for k, t in enumerate(work.templates[: work.num_waiting])
+        ]
         gc.collect()
-        samples.append(_timed_step(work.offline, sched)[0])
-        del sched
+        start = time.thread_time()
+        work.offline.add_requests(sched, burst)
+        added = time.thread_time() - start
+        samples.append(added + _timed_step(work.offline, sched)[0])
+        del sched, burst
     return [_result(arm, "burst", work.num_waiting, samples)]
 
 
@@ -262,14 +290,18 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
     gc.collect()
     gc.disable()  # a collection inside one arm's timing would be charged to that arm only
     try:
-        print(f"measuring {n}: full steps", file=sys.stderr, flush=True)
-        results = full_steps(work, arms, args)
+        results = []
+        if "full" in args.kinds:
+            print(f"measuring {n}: full steps", file=sys.stderr, flush=True)
+            results += full_steps(work, arms, args)
         for arm in arms:
             print(f"measuring {n}: {arm} prefill steps and bursts", file=sys.stderr, flush=True)
-            results += prefill_steps(work, arm, args)
-            gc.collect()
-            results += bursts(work, arm, args)
-            gc.collect()
+            if {"admit", "busy"} & set(args.kinds):
+                results += prefill_steps(work, arm, args)
+                gc.collect()
+            if "burst" in args.kinds:
+                results += bursts(work, arm, args)
+                gc.collect()
     finally:
         gc.enable()
     return results
@@ -302,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1_000, 10_000])
     parser.add_argument("--policies", nargs="+", default=["fairway", "lpm"])
+    parser.add_argument(
+        "--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="what to measure"
+    )
     parser.add_argument("--steps", type=int, default=40, help="measured steps per arm and kind")
     parser.add_argument("--warmup", type=int, default=5, help="untimed prefill steps first")
     parser.add_argument("--rounds", type=int, default=4, help="turns each arm takes (full steps)")

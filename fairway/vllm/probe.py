@@ -185,6 +185,8 @@ def _eagle_groups(coordinator: Any) -> set[int]:
 PROBE_BUDGET = 1_024
 
 _ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
+#: Requests vLLM may have put back at the head of the queue that `_match` looks past.
+_MAX_HEAD = 256
 _request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
 
 
@@ -267,6 +269,11 @@ class PrefixProbe:
         self._pending_sorted = True
         self._by_next: dict[bytes, set[_Hit]] = {}
         self._by_last: dict[bytes, set[_Hit]] = {}
+        # The last arranged queue, its rows, and the requests noted since (see `_match`).
+        self._last_queue: list[Request] | None = None
+        self._last_slots = np.zeros(0, dtype=np.intp)
+        self._arrivals: list[Request] = []
+        self._arrival_slots: list[int] = []
         # Columns by slot.
         self._live = np.zeros(0, dtype=bool)
         self._given = np.zeros(0, dtype=bool)  # handed to the policy at least once
@@ -274,6 +281,7 @@ class PrefixProbe:
         self._arrival = np.zeros(0, dtype=np.float64)
         self._prompt = np.zeros(0, dtype=np.int64)
         self._cached = np.zeros(0, dtype=np.int64)
+        self._request_of = np.zeros(0, dtype=object)
 
     def _bind(self) -> None:
         """(Re)read the pool's hash map; vLLM replaces it on `reset_prefix_cache()`."""
@@ -436,37 +444,86 @@ class PrefixProbe:
         self._check_map()
         current = requests if isinstance(requests, list) else list(requests)
         n = len(current)
-        slots = np.fromiter(map(self._slot_of.get, current, repeat(-1, n)), np.intp, n)
+        slots = self._match(current)
+        if slots is None:  # the general path: one dict lookup per request
+            slots = np.fromiter(map(self._slot_of.get, current, repeat(-1, n)), np.intp, n)
+        self._arrivals, self._arrival_slots = [], []
         if n and slots.min() < 0:
             for i in np.flatnonzero(slots < 0).tolist():
                 slots[i] = self._register(current[i])
         if len(self._slot_of) > n:  # some requests left without being admitted (aborts)
             self._drop_absent(slots)
         self.advance()
-        snap = QueueSnapshot()
+        snap = QueueSnapshot(current=current, slots=slots)
         kind = self._kind[slots]
         if kind.any():
-            rows = [np.flatnonzero(kind == k) for k in (_ORDERED, _FIXED, _OVERSIZED)]
-            snap.fixed = [current[i] for i in rows[1].tolist()]
-            snap.oversized = [current[i] for i in rows[2].tolist()]
-            snap.requests = [current[i] for i in rows[0].tolist()]
-            slots = slots[rows[0]]
-        else:
-            snap.requests = current
-        ordered = snap.requests
+            snap.fixed_slots = slots[kind == _FIXED]
+            snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
+            snap.oversized_slots = slots[kind == _OVERSIZED]
+            slots = slots[kind == _ORDERED]
+        snap.ordered_slots = slots
+        ordered = self._request_of[slots]  # the ids are read later, maybe after admission
         cols = QueueColumns(
             arrival=self._arrival[slots],
             prompt_tokens=self._prompt[slots],
             cached_tokens=self._cached[slots],
             keys=slots,
             new=~self._given[slots],
-            ids_source=lambda: list(map(_request_id, ordered)),
+            ids_source=lambda: list(map(_request_id, ordered.tolist())),
         )
         snap.columns = cols
         if len(slots):
             work = np.maximum(cols.prompt_tokens - cols.cached_tokens, 1)
             snap.work_max, snap.work_min = int(work.max()), int(work.min())
         return snap
+
+    def arrange(self, snap: QueueSnapshot, order: np.ndarray) -> list[Request]:
+        """The new queue: fixed, then the ordered requests in `order`, then oversized.
+
+        Returns `snap.current` itself (no rebuild needed) when that is already the new order. The
+        result is remembered, so that the next `snapshot` can find the rows of an unchanged queue
+        by one C-level list comparison instead of a dict lookup per request.
+        """
+        parts = [snap.ordered_slots[order]]
+        if len(snap.fixed_slots) or len(snap.oversized_slots):
+            parts = [snap.fixed_slots, parts[0], snap.oversized_slots]
+        slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if np.array_equal(slots, snap.slots):
+            queue = snap.current
+        else:
+            queue = self._request_of[slots].tolist()
+        self._last_queue, self._last_slots = queue, slots
+        return queue
+
+    def _match(self, current: list[Request]) -> np.ndarray | None:
+        """Rows of `current` if it is the last arranged queue with its head consumed, a few
+        requests put back at the head (skipped, preempted) and the noted arrivals at the end."""
+        last = self._last_queue
+        if last is None:
+            return None
+        arrivals = self._arrivals
+        expected = len(last) + len(arrivals)
+        n = len(current)
+        for head in range(min(n, _MAX_HEAD) + 1):
+            tail = n - head
+            if tail > expected:
+                continue
+            start = expected - tail
+            if tail == 0:
+                break
+            split = start - len(last)  # where the tail starts within the arrivals, if >= 0
+            if current[head] is not (last[start] if split < 0 else arrivals[split]):
+                continue
+            if current[head:] != (last[start:] + arrivals if split < 0 else arrivals[split:]):
+                continue  # identity-first list comparison: one C loop
+            slot_get = self._slot_of.get
+            parts = [
+                np.fromiter((slot_get(r, -1) for r in current[:head]), np.intp, head),
+                self._last_slots[min(start, len(last)) :],
+                np.asarray(self._arrival_slots[max(split, 0) :], dtype=np.intp),
+            ]
+            return np.concatenate(parts)
+        return None
 
     def mark_given(self, cols: QueueColumns) -> None:
         """The policy ordered these rows: they are no longer new to it."""
@@ -501,9 +558,12 @@ class PrefixProbe:
                     self._extend(hit)
 
     def note_arrival(self, request: Request) -> None:
-        """Register a request as it is added (so steps that cannot admit still probe it)."""
-        if request not in self._slot_of:
-            self._register(request)
+        """Register a request as vLLM appends it to the queue (a step that cannot admit still
+        probes it; the next `snapshot` expects it at the end of the queue)."""
+        # vLLM internal: Request.status
+        if request not in self._slot_of and request.status == RequestStatus.WAITING:
+            self._arrivals.append(request)
+            self._arrival_slots.append(self._register(request))
 
     @property
     def num_unprobed(self) -> int:
@@ -534,6 +594,7 @@ class PrefixProbe:
         hit = _Hit(request, slot, arrival, num_tokens, (num_tokens - 1) // self.block_size)
         self._slot_of[request] = slot
         self._hits[slot] = hit
+        self._request_of[slot] = request
         self._live[slot] = True
         self._given[slot] = False
         self._arrival[slot] = arrival
@@ -555,7 +616,7 @@ class PrefixProbe:
     def _grow(self) -> None:
         old = len(self._hits)
         new = max(64, 2 * old)
-        for name in ("_live", "_given", "_kind", "_arrival", "_prompt", "_cached"):
+        for name in ("_live", "_given", "_kind", "_arrival", "_prompt", "_cached", "_request_of"):
             column = getattr(self, name)
             grown = np.zeros(new, dtype=column.dtype)
             grown[:old] = column
@@ -567,6 +628,7 @@ class PrefixProbe:
         slot = hit.slot
         del self._slot_of[hit.request]
         self._hits[slot] = None
+        self._request_of[slot] = None
         self._live[slot] = False
         if hit.next_key is not None:
             _move(self._by_next, hit, hit.next_key, None)
@@ -597,8 +659,13 @@ class PrefixProbe:
                 self._pending.append(hit)
         self._pending_sorted = False
 
+    def invalidate(self, request: Request) -> None:
+        """Drop one request's memo while it may still be queued (its tokens changed)."""
+        self.forget([request])
+        self._last_queue = None  # its row may be reused: find every row by lookup next time
+
     def forget(self, requests: Iterable[Request]) -> None:
-        """Drop memo entries (requests admitted or gone)."""
+        """Drop memo entries (requests admitted or gone: no longer in the queue)."""
         slot_of, hits = self._slot_of, self._hits
         for request in requests:
             slot = slot_of.get(request)
@@ -643,21 +710,30 @@ def _one_block(entry: Any) -> KVCacheBlock | None:
 
 @dataclass(slots=True)
 class QueueSnapshot:
-    """The waiting queue split for one ordering step (every request in exactly one list).
+    """The waiting queue split for one ordering step (every request in exactly one part).
 
-    The new queue is `fixed + [requests[i] for i in order] + oversized`.
+    The new queue is fixed, then the ordered rows in the policy's order, then oversized
+    (`PrefixProbe.arrange`).
     """
 
-    #: Preempted requests kept at the head in their current order (vLLM's rule).
-    fixed: list[Request] = field(default_factory=list)
-    #: Requests the policy orders; row i of `columns` describes `requests[i]`.
-    requests: list[Request] = field(default_factory=list)
+    #: The queue in its current order and the probe's row of each request.
+    current: list[Request] = field(default_factory=list)
+    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    #: Rows of the preempted requests kept at the head in their current order (vLLM's rule).
+    fixed_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    #: Rows the policy orders; row i of `columns` is `ordered_slots[i]`.
+    ordered_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
     columns: QueueColumns | None = None
-    #: Requests that cannot fit in an empty KV cache: kept behind everyone else.
+    #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their rows.
     oversized: list[Request] = field(default_factory=list)
-    #: Largest / smallest uncached work among `requests` (tokens; 0 when there are none).
+    oversized_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    #: Largest / smallest uncached work among the ordered requests (tokens; 0 when none).
     work_max: int = 0
     work_min: int = 0
+
+    @property
+    def num_fixed(self) -> int:
+        return len(self.fixed_slots)
 
 
 # --- start-up self-check --------------------------------------------------------------------------

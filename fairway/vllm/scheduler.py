@@ -132,7 +132,7 @@ class FairwaySchedulerMixin:
         result = super().add_request(request, *args, **kwargs)  # type: ignore[misc]
         try:
             if existing is not None:
-                self.fairway_probe.forget([existing])
+                self.fairway_probe.invalidate(existing)
             else:
                 self.fairway_probe.note_arrival(request)
         except Exception as exc:  # noqa: BLE001
@@ -194,7 +194,8 @@ class FairwaySchedulerMixin:
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
             self._fairway_fallback(exc)
             return None
-        probe.reorder_queue(queue, placed.queue)
+        if placed.queue is not current:
+            probe.reorder_queue(queue, placed.queue)
         if self.fairway_options.protect_enabled:
             self._fairway_protect(placed.queue)
         return placed
@@ -214,8 +215,7 @@ class FairwaySchedulerMixin:
                 f"range({n}): {exc}"
             ) from None
         self.fairway_probe.mark_given(cols)
-        requests = snap.requests
-        ordered = [requests[i] for i in order.tolist()]
+        queue = self.fairway_probe.arrange(snap, order)
         for request in snap.oversized:
             self._fairway_reject(request)
         lanes = getattr(self.fairway_policy, "last_lanes", None)
@@ -226,8 +226,7 @@ class FairwaySchedulerMixin:
         stats.steps_ordered += 1
         if n:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
-        queue = snap.fixed + ordered + snap.oversized if snap.fixed or snap.oversized else ordered
-        return _Placed(queue, len(snap.fixed), n, lanes)
+        return _Placed(queue, snap.num_fixed, n, lanes)
 
     def _fairway_reject(self, request: Request) -> None:
         """Finish a request that can never fit (once); it already sits behind everyone."""
