@@ -266,10 +266,10 @@ def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult
 def memory_per_request(work: Workload, policy: str, args: argparse.Namespace) -> float:
     """Bytes Fairway holds per waiting request after a few steps (tracemalloc, fairway/ files)."""
     sched = work.scheduler(policy, max_num_seqs=args.running, budget=16_384, fill=True)
-    work.offline.add_requests(sched, work.templates[: work.num_waiting])
     gc.collect()
     tracemalloc.start(1)
     snap0 = tracemalloc.take_snapshot()
+    work.offline.add_requests(sched, work.templates[: work.num_waiting])  # Fairway registers here
     for _ in range(3):
         _timed_step(work.offline, sched)
     gc.collect()
