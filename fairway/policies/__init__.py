@@ -3,10 +3,22 @@
 Importing this package registers every policy; `get(name, **params)` builds one by name.
 """
 
-from fairway.policies import fairway, fcfs, hrrn, lpm, peek, preble, ragcache  # noqa: F401
+from fairway.policies import (  # noqa: F401
+    fairway,
+    fairway_step,
+    fcfs,
+    hrrn,
+    lpm,
+    peek,
+    preble,
+    ragcache,
+)
 from fairway.policies.base import (
     Policy,
+    PrefillingRequest,
     QueuedRequest,
+    StepBudget,
+    StepShare,
     arrival_order,
     get,
     make_policy,
@@ -17,7 +29,10 @@ from fairway.policies.base import (
 
 __all__ = [
     "Policy",
+    "PrefillingRequest",
     "QueuedRequest",
+    "StepBudget",
+    "StepShare",
     "arrival_order",
     "get",
     "make_policy",

@@ -59,6 +59,73 @@ class QueuedRequest:
         return max(self.prompt_tokens - self.cached_tokens, 1)
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillingRequest:
+    """A running request whose prefill is not finished (vLLM continues it before the queue).
+
+    Attributes:
+        request_id: the engine's id.
+        arrival: arrival time, on the clock of `QueuedRequest.arrival`.
+        remaining: prompt tokens still to compute (>= 1).
+        prompt_tokens: its full length L (prompt, plus output so far when resumed); the tokens
+            already computed, L - remaining, play the cached prefix's part in the Fast score.
+    """
+
+    request_id: str
+    arrival: float
+    remaining: int
+    prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < self.remaining:
+            object.__setattr__(self, "prompt_tokens", self.remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class StepBudget:
+    """What one scheduling step can give to prefills, for `Policy.step_share`.
+
+    Attributes:
+        tokens: P, the step's token budget minus what the running decodes need this step.
+        free_slots: how many waiting requests the engine may still start (max_num_seqs - running).
+        ahead: remaining tokens of requests the engine serves from the waiting queue before the
+            policy's order (preempted requests it keeps at the head), in that order.
+        ahead_ids: their ids.
+    """
+
+    tokens: int
+    free_slots: int
+    ahead: tuple[int, ...] = ()
+    ahead_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepShare:
+    """A cross-step policy's decision for one step (see `Policy.step_share`).
+
+    Attributes:
+        waiting_order: the waiting queue's new order (a permutation of its indices).
+        front_id: the Fair lane's front (the oldest request not done with its prefill), if any.
+        cap: per-request prefill cap for this step (vLLM's `long_prefill_token_threshold`), or
+            None to leave the engine's own setting.
+        running_first: prefilling running requests to serve before the front in this step, in
+            that order (only when the front is running; the others are served after it).
+        hold: prefilling running requests left out of this step.
+        budget / floor / target / front_demand: P, floor(P / (1 + w)), the front's entitlement
+            this step and its remaining tokens (for the ledgers, metrics and tests).
+    """
+
+    waiting_order: list[int]
+    front_id: str | None = None
+    cap: int | None = None
+    running_first: tuple[str, ...] = ()
+    hold: frozenset[str] = frozenset()
+    budget: int = 0
+    floor: int = 0
+    target: int = 0
+    front_demand: int = 0
+
+
 class Policy:
     """An ordering of the waiting queue, applied before every scheduling step.
 
@@ -70,7 +137,10 @@ class Policy:
         * call `order()` once per step with the whole waiting queue;
         * call `on_step_end()` after the step with the ids the engine actually started from that
           order and the prefill tokens it scheduled (stateful policies count admissions, not
-          placements; HRRN ages by prefill tokens processed).
+          placements; HRRN ages by prefill tokens processed);
+        * for a policy with `shares_steps`: call `step_share()` instead of `order()` before
+          every step (also with an empty queue while prefills run), apply its split, and pass
+          `prefill_by_request` to `on_step_end()`.
     """
 
     name: ClassVar[str] = ""
@@ -78,15 +148,36 @@ class Policy:
     needs_cache_hits: ClassVar[bool] = False
     #: The ordering keeps state across steps (see `on_step_end`).
     stateful: ClassVar[bool] = False
+    #: The policy decides each step's token split (`step_share`) and wants `on_step_end`'s
+    #: `prefill_by_request`; callers call `step_share` instead of `order`.
+    shares_steps: ClassVar[bool] = False
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         """Return a permutation of `range(len(queue))`, highest priority first."""
         raise NotImplementedError
 
+    def step_share(
+        self,
+        waiting: Sequence[QueuedRequest],
+        prefilling: Sequence[PrefillingRequest],
+        budget: StepBudget | None,
+        now: float,
+    ) -> StepShare:
+        """The waiting order plus the step's token split (policies with `shares_steps`).
+
+        Called instead of `order()` before every step, also when the waiting queue is empty.
+        `budget` None: no engine step follows (an order only). Default: `order()`, no split.
+        """
+        return StepShare(self.order(waiting, now) if waiting else [])
+
     def on_step_end(  # noqa: B027 - optional hook
         self, admitted_ids: Sequence[str], prefill_tokens: int
     ) -> None:
         """Observe the step just ordered (default: nothing).
+
+        Policies with `shares_steps` also get `prefill_by_request=` (a mapping request id ->
+        prompt tokens the engine scheduled for it in this step, running prefills included); the
+        others are called with the two arguments only, so older policies keep working.
 
         Args:
             admitted_ids: waiting requests the engine started in this step, in admission order.

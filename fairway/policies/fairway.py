@@ -1,181 +1,259 @@
-"""Fairway: a Fast lane (cache benefit + relative wait) and a Fair lane (arrival) merged by work.
+"""Fairway: the Fast lane (cache benefit + relative wait) and the oldest request share every step.
 
-Must not import vllm. Registered as `fairway`, and the ablations `fairway-abswait` (wait in
-absolute seconds) and `fairway-nofair` (Fast lane only).
+Must not import vllm. Registered as `fairway`. The seed's per-step rule is `fairway-step`
+(`fairway.policies.fairway_step`); both use the same Fast-lane score (`FastScore`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-import numpy as np
+from fairway.policies.base import (
+    PrefillingRequest,
+    QueuedRequest,
+    StepBudget,
+    StepShare,
+    register_policy,
+)
+from fairway.policies.fairway_step import FastScore, _Columns
+from fairway.policies.share import Item, ShareLedger, demand_served, plan_step
 
-from fairway.policies.base import Policy, QueuedRequest, register_policy
-from fairway.profile import PrefillProfile, load
 
-WaitMode = Literal["relative", "absolute"]
+@dataclass(slots=True)
+class _Pending:
+    """What one step's share promised, booked against the tokens vLLM scheduled."""
 
-
-@dataclass(frozen=True, slots=True)
-class _Columns:
-    """The queue as numpy columns: the pre-pass runs every step over 1,000s of requests."""
-
-    arrival: np.ndarray
-    prompt: np.ndarray
-    cached: np.ndarray
-    work: np.ndarray  # QueuedRequest.remaining: max(prompt - cached, 1)
-
-    @classmethod
-    def of(cls, queue: Sequence[QueuedRequest]) -> _Columns:
-        n = len(queue)
-        arrival = np.fromiter((r.arrival for r in queue), np.float64, n)
-        prompt = np.fromiter((r.prompt_tokens for r in queue), np.float64, n)
-        cached = np.fromiter((r.cached_tokens for r in queue), np.float64, n)
-        return cls(arrival, prompt, cached, np.maximum(prompt - cached, 1.0))
+    front_id: str
+    owed_fair: int
+    owed_fast: int
+    budget: int
 
 
 @register_policy("fairway")
-@register_policy("fairway-abswait", wait_mode="absolute")
-@register_policy("fairway-nofair", fair_lane=False)
 @dataclass(eq=False)
-class FairwayPolicy(Policy):
-    """Two lanes over the same waiting queue, merged by work charges, recomputed every step.
+class FairwayPolicy(FastScore):
+    """A token share between the oldest request and the Fast lane that holds across steps.
 
-    Fast lane, highest score first (ties: older first, then queue position)::
+    Lanes. The Fair lane's front O is the oldest request (by arrival, then running before waiting,
+    then queue position) whose prefill is not finished: waiting, or running with a chunked prefill
+    in progress. Every other waiting or prefilling request is in the Fast lane, ordered by
+    `FastScore` (s = h / max(c, 1) + wait / SLO).
 
-        s = h / max(c, 1) + wait / SLO,    SLO = max(patience_floor_s, patience_multiplier * T(L))
+    The guarantee. Per step, let B be the token budget, P = B minus the tokens the running decodes
+    need, w = fast_weight, F = floor(P / (1 + w)), d_O = O's remaining uncached prompt tokens,
+    and D the Fast lane's remaining tokens (requests the engine can start this step). If
+    d_O + D <= P, nothing is changed: no cap, vLLM's own result (O is first in the waiting order).
+    Otherwise (a contested step):
 
-    with h the cached prefix tokens, c the tokens still to compute, L the prompt length, wait =
-    now - arrival (>= 0) and T the idle prefill time from the profile table. The first term is
-    RAGCache's order; the second makes every request's urgency grow at a rate relative to its own
-    size, so a short prompt that waited 2 s with 1 s of patience (term 2) outranks a long one that
-    waited 2 s with 4 s of patience (term 0.5). `fairway-abswait` uses wait / patience_floor_s
-    instead (absolute seconds, same scale at the floor).
+    * O is scheduled at least a = min(d_O, E) tokens, E = clamp(F + fair deficit - fast deficit,
+      F, P) >= F: so at least min(d_O, F) in every contested step until its prefill ends;
+    * the other P - a tokens go in Fast-score order over every prefill candidate, O's remaining
+      d_O - a included at O's own score (`_by_score`): while the Fast lane's requests outscore O
+      they get at least min(D, P - a); when O outscores them (misses only, the oldest first), O
+      gets the step. Running prefills this order does not reach are held back for the step.
+      Exception: when O runs and the requests owed tokens wait, vLLM serves O first, so O may
+      get more in that step (the Fast ledger books the shortfall);
+    * the step is work-conserving: prefills get min(P, their demand) tokens in all, except a
+      rounding remainder smaller than one request's cap where the prefills ahead of O are held
+      back (below) or capped.
 
-    Fair lane: arrival order, oldest first.
+    Ledgers (`ShareLedger`): persistent across steps, fed with the prefill tokens vLLM scheduled
+    per request (`on_step_end(..., prefill_by_request=...)`), reset when a step is not contested.
+    A Fair deficit (O got less than min(d_O, F), e.g. its KV blocks did not fit) raises O's
+    entitlement in the next contested steps.
 
-    Merge (work charges): each lane has a ledger that starts at the work (`remaining`, uncached
-    tokens) of its front request, Fast-lane work counted `fast_weight` times. The lane with the
-    smaller ledger places its next request not yet placed and adds that request's (weighted) work;
-    ties go to Fast. A request placed by one lane is skipped by the other. Consequence: the work
-    placed ahead of the oldest request M is at most M.remaining / fast_weight plus one request's
-    overshoot. The bound holds per step (ledgers reset every step): M starts in this step only if
-    that is less than the step's token budget. A miss of fast_weight x budget tokens or more gets
-    nothing while hits keep filling the steps, until its wait/SLO term lifts it in the Fast lane
-    (benchmarks/e3_flood.py measures this).
+    How (a plan per step, `fairway.policies.share.plan_step`, applied by the scheduler): one
+    per-request cap for the step (vLLM's `long_prefill_token_threshold`, set for the step only)
+    and O's place in vLLM's scan: O first in the waiting order, or last (after the Fast-lane
+    waiting requests); when O runs, which Fast-lane prefills run before it this step. When O waits
+    and the running Fast-lane prefills (served first by vLLM) would take more than P - a, the
+    newest of them are held back for the step.
 
-    Worked example: five hits of 300 uncached tokens and an older 6,000-token miss M. Fast ledger
-    1,200 (4 x 300) vs Fair ledger 6,000: H1..H4 bring Fast to 6,000, the tie goes to Fast (H5,
-    7,200), then Fair places M. 1,500 tokens (= M/4) go ahead of M; with a 2,048-token step
-    budget M gets the other 548 tokens of the step.
+    Exceptions (the scan stops or skips before O in vLLM): O's KV blocks do not fit (vLLM's
+    scan stops; the Fair deficit carries it to later steps); a preemption in the step (vLLM then
+    admits nothing from the waiting queue); max_num_seqs reached (no waiting request can start);
+    requests served before the policy's order (preempted ones kept at the head, KV-connector
+    loads); chunked prefill off (order only); spec decode (decode tokens estimated as one each).
 
-    Caller's contract: call `order()` before every step with the whole waiting queue and the
-    current time on the clock of `QueuedRequest.arrival`. The policy keeps no state across steps;
-    `last_lanes` reports which lane placed each position of the last order (for metrics).
+    Caller's contract: call `step_share()` before every step (also when only prefills run) and
+    `on_step_end(..., prefill_by_request=)` after it; `order()` alone gives the waiting order
+    (O first, then the Fast lane) without a split.
     """
 
-    #: Multiplier on Fast-lane work in the ledgers (> 0). 4 means hits may take a quarter of
-    #: the oldest request's work before it is placed.
-    fast_weight: float = 4.0
-    #: SLO = patience_multiplier x T(L) (> 0).
-    patience_multiplier: float = 3.0
-    #: Lower bound of the SLO in seconds (> 0); also the unit of wait for `fairway-abswait`.
-    patience_floor_s: float = 1.0
-    #: Prefill-time table T(L) (object, path or shipped name); None: every SLO is the floor.
-    profile: PrefillProfile | str | None = None
-    #: "relative" (wait / SLO) or "absolute" (wait / patience_floor_s): the E4 ablation.
-    wait_mode: WaitMode = "relative"
-    #: False: Fast lane only (the `fairway-nofair` ablation).
-    fair_lane: bool = True
-
     needs_cache_hits: ClassVar[bool] = True
+    stateful: ClassVar[bool] = True
+    shares_steps: ClassVar[bool] = True
+
+    ledger: ShareLedger = field(init=False, repr=False, default_factory=ShareLedger)
     last_lanes: list[str] = field(init=False, repr=False, default_factory=list)
-
-    def __post_init__(self) -> None:
-        for name in ("fast_weight", "patience_multiplier", "patience_floor_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
-            if value == float("inf"):
-                raise ValueError(f"{name} must be finite, got {value!r}")
-        if self.wait_mode not in ("relative", "absolute"):
-            raise ValueError(f"wait_mode must be 'relative' or 'absolute', got {self.wait_mode!r}")
-        if not isinstance(self.fair_lane, bool):
-            raise ValueError(f"fair_lane must be true or false, got {self.fair_lane!r}")
-        if isinstance(self.profile, str):
-            self.profile = load(self.profile)
-        elif self.profile is not None and not isinstance(self.profile, PrefillProfile):
-            raise ValueError(
-                f"profile must be a PrefillProfile, a path or None, got {self.profile!r}"
-            )
-
-    def patience_s(self, prompt_tokens: int) -> float:
-        """SLO of a prompt of this length, in seconds."""
-        return float(self._patience(np.array([prompt_tokens], dtype=np.float64))[0])
-
-    def _patience(self, prompt_tokens: np.ndarray) -> np.ndarray:
-        if self.profile is None:
-            return np.full(prompt_tokens.shape, self.patience_floor_s)
-        prefill = self.profile.prefill_s_array(prompt_tokens)
-        return np.maximum(self.patience_floor_s, self.patience_multiplier * prefill)
-
-    def fast_score(self, request: QueuedRequest, now: float) -> float:
-        """s = h / max(c, 1) + wait / SLO (or wait / floor for the absolute-wait ablation)."""
-        return float(self._scores(_Columns.of([request]), now)[0])
-
-    def _scores(self, cols: _Columns, now: float) -> np.ndarray:
-        wait = np.maximum(now - cols.arrival, 0.0)
-        unit = (
-            self._patience(cols.prompt) if self.wait_mode == "relative" else self.patience_floor_s
-        )
-        return cols.cached / cols.work + wait / unit
-
-    def fast_lane(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
-        """Indices by descending Fast score; ties older first, then queue position."""
-        return self._fast_lane(_Columns.of(queue), now)
-
-    def _fast_lane(self, cols: _Columns, now: float) -> list[int]:
-        # lexsort: the last key is primary; it is stable, so queue position breaks the last tie.
-        return np.lexsort((cols.arrival, -self._scores(cols, now))).tolist()
+    #: The last step's share (None before the first step).
+    last_share: StepShare | None = field(init=False, repr=False, default=None)
+    _pending: _Pending | None = field(init=False, repr=False, default=None)
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
-        cols = _Columns.of(queue)
-        fast = self._fast_lane(cols, now)
-        if not self.fair_lane:
-            self.last_lanes = ["fast"] * len(fast)
-            return fast
-        fair = np.argsort(cols.arrival, kind="stable").tolist()
-        return self._merge(cols.work.tolist(), fast, fair)
+        return self.step_share(queue, (), None, now).waiting_order
 
-    def _merge(self, work: list[float], fast: list[int], fair: list[int]) -> list[int]:
-        """Interleave the two lanes by work charges (see the class docstring)."""
-        n = len(work)
-        if n == 0:
-            self.last_lanes = []
-            return []
-        weight = self.fast_weight
-        placed = [False] * n
-        result: list[int] = []
-        lanes: list[str] = []
-        fast_pos = fair_pos = 0
-        fast_ledger = weight * work[fast[0]]
-        fair_ledger = float(work[fair[0]])
-        for _ in range(n):
-            while placed[fast[fast_pos]]:
-                fast_pos += 1
-            while placed[fair[fair_pos]]:
-                fair_pos += 1
-            if fast_ledger <= fair_ledger:
-                i = fast[fast_pos]
-                fast_ledger += weight * work[i]
-                lanes.append("fast")
-            else:
-                i = fair[fair_pos]
-                fair_ledger += work[i]
-                lanes.append("fair")
-            placed[i] = True
-            result.append(i)
-        self.last_lanes = lanes
-        return result
+    def step_share(
+        self,
+        waiting: Sequence[QueuedRequest],
+        prefilling: Sequence[PrefillingRequest],
+        budget: StepBudget | None,
+        now: float,
+    ) -> StepShare:
+        cols = _Columns.of(waiting)
+        fast = self._fast_lane(cols, now) if waiting else []
+        front_wait, front_run = _front(waiting, prefilling)
+        rest = [i for i in fast if i != front_wait]
+        head = [front_wait] if front_wait is not None else []
+        share = StepShare(head + rest)
+        self._pending = None
+        if front_run is not None:
+            front = Item(prefilling[front_run].request_id, prefilling[front_run].remaining, False)
+        elif front_wait is not None:
+            front = Item(waiting[front_wait].request_id, int(cols.work[front_wait]), True)
+        else:
+            front = None
+        if budget is not None and front is not None:
+            share = self._split(share, front, waiting, cols, rest, prefilling, budget, now)
+        self.last_lanes = [
+            "fair" if waiting[i].request_id == share.front_id else "fast"
+            for i in share.waiting_order
+        ]
+        self.last_share = share
+        return share
+
+    def _split(
+        self,
+        share: StepShare,
+        front: Item,
+        views: Sequence[QueuedRequest],
+        cols: _Columns,
+        rest: list[int],
+        prefilling: Sequence[PrefillingRequest],
+        budget: StepBudget,
+        now: float,
+    ) -> StepShare:
+        """The contested step's plan; an uncontested step resets the ledgers."""
+        waiting = [Item(views[i].request_id, int(cols.work[i]), True) for i in rest]
+        running = [
+            Item(p.request_id, p.remaining, False)
+            for p in prefilling
+            if p.request_id != front.request_id
+        ]
+        ahead = [Item(i, d, True) for i, d in zip(budget.ahead_ids, budget.ahead, strict=True)]
+        p = max(0, budget.tokens)
+        slots = budget.free_slots - (1 if front.waiting else 0)
+        fast_demand = demand_served([*running, *ahead, *waiting], max(0, slots))
+        floor = math.floor(p / (1.0 + self.fast_weight))
+        base = StepShare(
+            share.waiting_order,
+            front.request_id,
+            budget=p,
+            floor=floor,
+            front_demand=front.demand,
+        )
+        if fast_demand == 0 or front.demand + fast_demand <= p or p == 0:
+            self.ledger.reset()
+            return base
+        target = min(front.demand, self.ledger.entitlement(floor, p))
+        rest_budget = max(0, p - target - sum(budget.ahead))
+        extra, held = self._by_score(front, target, views, cols, rest, prefilling, rest_budget, now)
+        target += extra
+        running = [item for item in running if item.request_id not in held]
+        plan = plan_step(front, running, ahead, waiting, p, budget.free_slots, target)
+        owed_fair = min(front.demand, floor)
+        self._pending = _Pending(front.request_id, owed_fair, min(fast_demand, p - target), p)
+        order = share.waiting_order
+        if front.waiting and not plan.front_first:
+            order = order[1:] + order[:1]
+        return StepShare(
+            order,
+            front.request_id,
+            cap=min(plan.cap, p),
+            running_first=plan.running_first,
+            hold=plan.hold | held,
+            budget=p,
+            floor=floor,
+            target=target,
+            front_demand=front.demand,
+        )
+
+    def _by_score(
+        self,
+        front: Item,
+        target: int,
+        views: Sequence[QueuedRequest],
+        cols: _Columns,
+        rest: list[int],
+        prefilling: Sequence[PrefillingRequest],
+        tokens: int,
+        now: float,
+    ) -> tuple[int, frozenset[str]]:
+        """Hand out the tokens beyond O's share in Fast-score order, O included by its own score.
+
+        Returns O's extra tokens and the running prefills that get nothing (held back for the
+        step: vLLM would otherwise serve them first, ahead of better-scored waiting requests).
+        """
+        scores = self._scores(cols, now).tolist() if len(views) else []
+        run = _Columns.of(
+            [
+                QueuedRequest(
+                    p.request_id, p.arrival, p.prompt_tokens, p.prompt_tokens - p.remaining
+                )
+                for p in prefilling
+            ]
+        )
+        run_scores = self._scores(run, now).tolist() if prefilling else []
+        # (score, arrival, id, demand, running?)
+        queue = [
+            (scores[i], views[i].arrival, views[i].request_id, int(cols.work[i]), False)
+            for i in rest
+        ]
+        for j, p in enumerate(prefilling):
+            demand = p.remaining - (target if p.request_id == front.request_id else 0)
+            queue.append((run_scores[j], p.arrival, p.request_id, demand, True))
+        if front.waiting:
+            i = next(k for k, v in enumerate(views) if v.request_id == front.request_id)
+            queue.append(
+                (scores[i], views[i].arrival, front.request_id, front.demand - target, False)
+            )
+        queue.sort(key=lambda q: (-q[0], q[1]))
+        extra, held = 0, set()
+        for _, _, request_id, demand, running in queue:
+            given = min(max(0, demand), tokens)
+            tokens -= given
+            if request_id == front.request_id:
+                extra = given
+            elif running and given == 0:
+                held.add(request_id)
+        return extra, frozenset(held)
+
+    def on_step_end(
+        self,
+        admitted_ids: Sequence[str],
+        prefill_tokens: int,
+        prefill_by_request: Mapping[str, int] | None = None,
+    ) -> None:
+        """Book the step's scheduled prefill tokens in the ledgers (contested steps only)."""
+        pending, self._pending = self._pending, None
+        if pending is None or prefill_by_request is None:
+            return
+        got_fair = prefill_by_request.get(pending.front_id, 0)
+        got_fast = sum(prefill_by_request.values()) - got_fair
+        self.ledger.record(pending.owed_fair, got_fair, pending.owed_fast, got_fast, pending.budget)
+
+
+def _front(
+    waiting: Sequence[QueuedRequest], prefilling: Sequence[PrefillingRequest]
+) -> tuple[int | None, int | None]:
+    """O: (index in `waiting`, None) or (None, index in `prefilling`); both None: no request."""
+    best_wait = min(range(len(waiting)), key=lambda i: waiting[i].arrival, default=None)
+    best_run = min(range(len(prefilling)), key=lambda j: prefilling[j].arrival, default=None)
+    if best_run is not None and (
+        best_wait is None or prefilling[best_run].arrival <= waiting[best_wait].arrival
+    ):
+        return None, best_run
+    return best_wait, None

@@ -32,7 +32,7 @@ DEFAULT_TRACES = ("sec-a", "sec-b")
 #: Report order: the two references first, then the baselines, then Fairway and its ablations.
 POLICY_ORDER = (
     "fcfs", "lpm", "klpm", "klpm-4", "klpm-8", "hrrn", "ragcache", "preble", "peek",
-    "fairway", "fairway-abswait", "fairway-nofair",
+    "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
 )
 #: `--quick` shortens every phase of a preset's shape to this share of its length (and a
 #: recorded-arrival trace's window likewise), keeping loads, so the same story in a quarter of

@@ -29,6 +29,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LABELS = ("model_name", "engine", "policy")
 #: Lanes of `fairway:requests_placed_total`: Fairway's two lanes, or "single" for one-lane policies.
 LANES = ("fast", "fair", "single")
+#: Lanes of `fairway:lane_prefill_tokens_total` (policies with a cross-step share only).
+SHARE_LANES = ("fast", "fair")
 _PREPASS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 
 
@@ -74,6 +76,12 @@ class FairwayStats:
     #: Largest / smallest uncached work (tokens) in the queue at the last ordered step.
     queue_work_max_tokens: int | None = None
     queue_work_min_tokens: int | None = None
+    #: Prefill tokens vLLM scheduled per lane (cross-step share: O is "fair", the rest "fast").
+    lane_prefill_tokens: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(SHARE_LANES, 0)
+    )
+    #: Age in seconds of the oldest waiting request at the last step (0: none waited).
+    oldest_waiting_age_s: float | None = None
 
     def take(self) -> FairwayStats:
         """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
@@ -81,7 +89,9 @@ class FairwayStats:
         self.steps_ordered = self.policy_fallbacks = 0
         self.oversized_rejected = self.protected_blocks = 0
         self.placed = dict.fromkeys(LANES, 0)
+        self.lane_prefill_tokens = dict.fromkeys(SHARE_LANES, 0)
         self.prepass_s = []
+        self.oldest_waiting_age_s = None
         return taken
 
     def add(self, other: FairwayStats) -> None:
@@ -92,6 +102,10 @@ class FairwayStats:
         self.protected_blocks += other.protected_blocks
         for lane, n in other.placed.items():
             self.placed[lane] = self.placed.get(lane, 0) + n
+        for lane, n in other.lane_prefill_tokens.items():
+            self.lane_prefill_tokens[lane] = self.lane_prefill_tokens.get(lane, 0) + n
+        if other.oldest_waiting_age_s is not None:
+            self.oldest_waiting_age_s = other.oldest_waiting_age_s
         self.prepass_total_s += other.prepass_total_s + sum(other.prepass_s)
         self.prepass_count += other.prepass_count + len(other.prepass_s)
         if other.queue_work_max_tokens is not None:
@@ -140,6 +154,19 @@ def _get_collectors() -> dict[str, Any]:
                 LABELS,
                 buckets=_PREPASS_BUCKETS,
             ),
+            "lane_tokens": Counter(
+                "fairway:lane_prefill_tokens",
+                "Prefill tokens vLLM scheduled per lane of Fairway's cross-step share: fair = "
+                "the oldest request not done with its prefill, fast = every other prefill.",
+                (*LABELS, "lane"),
+            ),
+            "oldest_age": Gauge(
+                "fairway:oldest_waiting_age_seconds",
+                "Age in seconds of the oldest request in vLLM's waiting queue at the last step "
+                "(0 when none waits).",
+                LABELS,
+                multiprocess_mode="mostrecent",
+            ),
             "work_max": Gauge(
                 "fairway:queue_work_max_tokens",
                 "Largest uncached work (tokens) of a waiting request at the last ordered step.",
@@ -171,10 +198,14 @@ class FairwayMetrics:
         self._work_max = collectors["work_max"].labels(*labels)
         self._work_min = collectors["work_min"].labels(*labels)
         self._placed = {lane: collectors["placed"].labels(*labels, lane) for lane in LANES}
+        self._lane_tokens = {
+            lane: collectors["lane_tokens"].labels(*labels, lane) for lane in SHARE_LANES
+        }
+        self._oldest_age = collectors["oldest_age"].labels(*labels)
         # Create every series at 0 so that a scrape shows them before the first request.
         for counter in (self._steps, self._fallbacks, self._oversized, self._protected):
             counter.inc(0)
-        for counter in self._placed.values():
+        for counter in (*self._placed.values(), *self._lane_tokens.values()):
             counter.inc(0)
 
     def record(self, stats: FairwayStats) -> None:
@@ -190,6 +221,11 @@ class FairwayMetrics:
         for lane, n in stats.placed.items():
             if n:
                 self._placed[lane].inc(n)
+        for lane, n in stats.lane_prefill_tokens.items():
+            if n:
+                self._lane_tokens[lane].inc(n)
+        if stats.oldest_waiting_age_s is not None:
+            self._oldest_age.set(stats.oldest_waiting_age_s)
         for seconds in stats.prepass_s:
             self._prepass.observe(seconds)
         if stats.queue_work_max_tokens is not None:

@@ -457,6 +457,7 @@ class PrefixProbe:
         snap = QueueSnapshot(current=current, slots=slots)
         kind = self._kind[slots]
         if kind.any():
+            snap.fixed = [current[i] for i in np.flatnonzero(kind == _FIXED).tolist()]
             snap.fixed_slots = slots[kind == _FIXED]
             snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
             snap.oversized_slots = slots[kind == _OVERSIZED]
@@ -524,6 +525,11 @@ class PrefixProbe:
             ]
             return np.concatenate(parts)
         return None
+
+    def oldest_arrival(self) -> float:
+        """Earliest arrival among the registered requests (inf when there are none)."""
+        live = self._arrival[self._live]
+        return float(live.min()) if len(live) else float("inf")
 
     def mark_given(self, cols: QueueColumns) -> None:
         """The policy ordered these rows: they are no longer new to it."""
@@ -719,7 +725,8 @@ class QueueSnapshot:
     #: The queue in its current order and the probe's row of each request.
     current: list[Request] = field(default_factory=list)
     slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
-    #: Rows of the preempted requests kept at the head in their current order (vLLM's rule).
+    #: Preempted requests kept at the head in their current order (vLLM's rule), and their rows.
+    fixed: list[Request] = field(default_factory=list)
     fixed_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
     #: Rows the policy orders; row i of `columns` is `ordered_slots[i]`.
     ordered_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))

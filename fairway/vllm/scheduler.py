@@ -30,7 +30,7 @@ import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.policies.columns import QueueColumns, check_permutation, order_of
-from fairway.vllm import plugin, probe, protect
+from fairway.vllm import plugin, probe, protect, share
 from fairway.vllm.config import FairwayOptions
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
@@ -107,6 +107,8 @@ class FairwaySchedulerMixin:
         )
         plugin.attach_vllm_logging()  # also when the entry point is not installed
         self._fairway_calibration = _make_calibration(self) if options.self_calibrate else None
+        self._fairway_shares = _share_enabled(self, policy)
+        self._fairway_share: policies.StepShare | None = None
         _log_start(options, policy, self)
 
     def set_fairway_clock(self, clock: Callable[[], float]) -> None:
@@ -142,9 +144,15 @@ class FairwaySchedulerMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         """Order the waiting queue, then run vLLM's step unchanged (arguments pass through)."""
         start = time.perf_counter()
+        self._fairway_share = None
         placed = self._fairway_reorder()
+        undo = self._fairway_share_apply(placed)
         prepass_s = time.perf_counter() - start
-        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        try:
+            output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            if undo is not None:
+                undo.restore()
         self._fairway_after_step(output, placed, prepass_s)
         if self._fairway_calibration is not None:
             self._fairway_calibrate("on_schedule", output)
@@ -172,18 +180,23 @@ class FairwaySchedulerMixin:
 
         When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
         the queue keeps its last order and only the probe advances (new arrivals within its
-        budget, changed hits).
+        budget, changed hits). Not for a policy that shares steps: its split also caps the
+        running prefills, so it is planned every step.
         """
         queue = probe.waiting_queue(self)
         self._fairway_prepass_ran = bool(queue)
         memo = self.fairway_probe
         try:
-            if not queue or not probe.can_admit(self):
+            if not queue or (not self._fairway_shares and not probe.can_admit(self)):
                 if len(memo) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
                     memo.snapshot(list(queue))
                 if queue:
                     memo.advance()
                     self.fairway_steps_skipped += 1
+                    oldest = memo.oldest_arrival()
+                    self.fairway_stats.oldest_waiting_age_s = max(
+                        0.0, self.fairway_clock() - oldest
+                    )
                 return None
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc)
@@ -206,7 +219,10 @@ class FairwaySchedulerMixin:
         cols = snap.columns
         assert cols is not None
         n = len(cols)
-        raw = order_of(self.fairway_policy, cols, self.fairway_clock()) if n else []
+        if self._fairway_shares:
+            raw = self._fairway_step_share(cols.views(), snap.fixed).waiting_order
+        else:
+            raw = order_of(self.fairway_policy, cols, self.fairway_clock()) if n else []
         try:
             order = check_permutation(raw, n)
         except ValueError as exc:
@@ -226,7 +242,52 @@ class FairwaySchedulerMixin:
         stats.steps_ordered += 1
         if n:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
+            oldest = float(cols.arrival.min())
+            stats.oldest_waiting_age_s = max(0.0, self.fairway_clock() - oldest)
         return _Placed(queue, snap.num_fixed, n, lanes)
+
+    # --- the cross-step share (policies with `shares_steps`) -----------------------------------
+
+    def _fairway_step_share(
+        self, views: list[policies.QueuedRequest], ahead: list[Request]
+    ) -> policies.StepShare:
+        """Ask the policy for this step's order and split (raises like `order()` may)."""
+        prefilling, decode_tokens = share.running_prefills(self)
+        firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
+        budget = share.step_budget(self, decode_tokens, firsts)
+        result = self.fairway_policy.step_share(views, prefilling, budget, self.fairway_clock())
+        self._fairway_share = result
+        return result
+
+    def _fairway_share_apply(self, placed: _Placed | None) -> share.ShareUndo | None:
+        """Apply the step's split to vLLM's knobs for this `schedule()` call. Never raises.
+
+        With an empty waiting queue the share is computed here (running prefills only).
+        """
+        if not self._fairway_shares:
+            return None
+        try:
+            if placed is None and not probe.waiting_queue(self):
+                self._fairway_step_share([], [])
+            if self._fairway_share is None:
+                return None
+            return share.apply(self, self._fairway_share)
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_share = None
+            self._fairway_fallback(exc, "applying the token share", "vLLM's split is kept")
+            return None
+
+    def _fairway_share_feed(self, output: SchedulerOutput, admitted_ids: list[str]) -> None:
+        """Give the policy the prefill tokens vLLM scheduled per request; count them by lane."""
+        step_share = self._fairway_share
+        assert step_share is not None
+        by_request = share.prefill_by_request(self, output)
+        total = sum(by_request.values())
+        self.fairway_policy.on_step_end(admitted_ids, total, prefill_by_request=by_request)
+        fair = by_request.get(step_share.front_id, 0) if step_share.front_id else 0
+        lane_tokens = self.fairway_stats.lane_prefill_tokens
+        lane_tokens["fair"] += fair
+        lane_tokens["fast"] += total - fair
 
     def _fairway_reject(self, request: Request) -> None:
         """Finish a request that can never fit (once); it already sits behind everyone."""
@@ -284,14 +345,18 @@ class FairwaySchedulerMixin:
             if scheduled:  # every scheduled request left the waiting queue (or never was in it)
                 requests = self.requests  # vLLM internal: Scheduler.requests
                 self.fairway_probe.forget(requests[rid] for rid in scheduled if rid in requests)
+            admitted: list[Request] = []
             if self._fairway_prepass_ran:
                 stats.prepass_s.append(prepass_s)
             if placed is not None:
                 admitted = self._fairway_admitted(output, placed)
-                self.fairway_policy.on_step_end(
-                    [r.request_id for r in admitted],  # vLLM internal: Request.request_id
-                    probe.prefill_tokens(self, output),
-                )
+            elif not self._fairway_prepass_ran:
+                stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
+            admitted_ids = [r.request_id for r in admitted]  # vLLM internal: Request.request_id
+            if self._fairway_share is not None:
+                self._fairway_share_feed(output, admitted_ids)
+            elif placed is not None:
+                self.fairway_policy.on_step_end(admitted_ids, probe.prefill_tokens(self, output))
             self._fairway_trim()
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc, "finishing the step", "the step's output is unchanged")
@@ -384,6 +449,30 @@ def _check_engine_config(vllm_config: Any, options: FairwayOptions, policy: Any)
             f"by cached prefix length, and prefix caching is off (policies that work without "
             f"it: {', '.join(agnostic)})"
         )
+
+
+def _share_enabled(scheduler: Any, policy: Any) -> bool:
+    """Whether the policy's cross-step share is applied; says why not at start-up."""
+    if not type(policy).shares_steps:
+        return False
+    missing = share.check_internals(scheduler)
+    if missing:
+        logger.warning(
+            "Fairway: policy %s orders the queue but cannot split the step's tokens: vLLM "
+            "internals it needs are missing (%s).",
+            type(policy).name,
+            ", ".join(missing),
+        )
+        return False
+    if not share.chunked_prefill(scheduler):
+        logger.warning(
+            "Fairway: chunked prefill is off, so policy %s only orders the waiting queue; its "
+            "token share between the oldest request and the Fast lane needs "
+            "--enable-chunked-prefill.",
+            type(policy).name,
+        )
+        return False
+    return True
 
 
 def _make_calibration(scheduler: Any) -> Any:

@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def _queue(offline, helpers, policy="fairway", **kwargs):
+def _queue(offline, helpers, policy="fairway-step", **kwargs):
     kwargs.setdefault("num_blocks", 500)
     kwargs.setdefault("max_num_batched_tokens", 64)
     sched = offline.make_offline_scheduler(policy, **kwargs)

@@ -47,6 +47,37 @@ def test_series_follow_the_steps(offline, helpers):
     assert value("fairway:queue_work_max_tokens") >= value("fairway:queue_work_min_tokens") >= 1
 
 
+def test_share_series_count_lane_tokens_and_oldest_age(offline, helpers):
+    """`fairway:lane_prefill_tokens_total{lane}` adds up what vLLM scheduled for each lane;
+    `fairway:oldest_waiting_age_seconds` is the oldest waiting request's age at the last step."""
+    if os.environ.get(MULTIPROC_ENV):
+        pytest.skip("in-process registry check; the suite runs in multiprocess mode")
+    sched = offline.make_offline_scheduler("fairway", max_num_batched_tokens=64)
+    labels = _labels(sched)
+
+    def value(name, **extra):
+        return REGISTRY.get_sample_value(name, {**labels, **extra}) or 0.0
+
+    before = {
+        lane: value("fairway:lane_prefill_tokens_total", lane=lane) for lane in ("fair", "fast")
+    }
+    sched.fairway_clock = lambda: 5.0
+    sched.add_request(offline.make_request("old", helpers.tokens(1, 300), 1.0))
+    sched.add_request(offline.make_request("new", helpers.tokens(5_000, 100), 2.0))
+    offline.step(sched)
+    assert value("fairway:oldest_waiting_age_seconds") == 4.0  # "old" waited 5.0 - 1.0
+    offline.run_until_idle(sched)
+    assert value("fairway:oldest_waiting_age_seconds") == 0.0  # nobody waits
+    got = {
+        lane: value("fairway:lane_prefill_tokens_total", lane=lane) - before[lane]
+        for lane in before
+    }
+    # "old" is the front while it prefills (all its 300 tokens are fair), then "new" is alone and
+    # the front; how much "new" gets meanwhile (fast) depends on the two Fast scores.
+    assert got["fair"] + got["fast"] == 400
+    assert got["fair"] >= 300
+
+
 def test_no_metrics_without_log_stats(offline, helpers):
     sched = offline.make_offline_scheduler("fcfs", log_stats=False)
     sched.add_request(offline.make_request("a", helpers.tokens(1, 50), 1.0))
@@ -88,6 +119,8 @@ def test_series_cross_processes_in_multiprocess_mode(tmp_path):
         stats.placed["fast"] = 2
         stats.prepass_s = [0.0004, 0.002]
         stats.queue_work_max_tokens, stats.queue_work_min_tokens = 6000, 300
+        stats.lane_prefill_tokens["fair"] = 409
+        stats.oldest_waiting_age_s = 12.5
         metrics.record(stats)
         """
     )
@@ -105,6 +138,9 @@ def test_series_cross_processes_in_multiprocess_mode(tmp_path):
         f"fairway:prepass_seconds_count{{{labels}}} 2.0",
         f"fairway:queue_work_max_tokens{{{labels}}} 6000.0",
         f"fairway:queue_work_min_tokens{{{labels}}} 300.0",
+        'fairway:lane_prefill_tokens_total{engine="0",lane="fair",model_name="tiny",'
+        'policy="fairway"} 409.0',
+        f"fairway:oldest_waiting_age_seconds{{{labels}}} 12.5",
     ):
         assert line in text, (line, text)
 

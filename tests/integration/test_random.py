@@ -15,7 +15,7 @@ from fairway.policies.base import arrival_order
 pytestmark = pytest.mark.integration
 
 STEPS = 70
-BOUNDED = ("fairway", "fairway-abswait")  # the policies with a Fair lane
+BOUNDED = ("fairway-step", "fairway-abswait")  # the seed rule's per-step work-charge bound
 
 
 def _spy(base):

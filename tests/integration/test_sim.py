@@ -190,13 +190,13 @@ def test_the_policy_sees_the_virtual_clock():
 
     def on_start(scheduler):
         policy = scheduler.fairway_policy
-        order = policy.order
+        step_share = policy.step_share  # `fairway` is asked through step_share, not order
 
-        def spy(queue, now):
+        def spy(queue, prefilling, budget, now):
             seen.append(now)
-            return order(queue, now)
+            return step_share(queue, prefilling, budget, now)
 
-        policy.order = spy
+        policy.step_share = spy
 
     trace = random_trace(3, n=30)
     result = replay(

@@ -25,8 +25,8 @@ def _build(offline, helpers, policy: str, *, async_scheduling: bool = False):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_fairway_schedules_hits_and_a_slice_of_the_miss(offline, helpers, async_scheduling):
-    sched = _build(offline, helpers, "fairway", async_scheduling=async_scheduling)
+def test_fairway_step_schedules_hits_and_a_slice_of_the_miss(offline, helpers, async_scheduling):
+    sched = _build(offline, helpers, "fairway-step", async_scheduling=async_scheduling)
     for i in range(1, 6):
         assert sched.fairway_probe.fresh_cached_tokens(sched.requests[f"H{i}"]) == 6_000
     before = sched.fairway_totals.placed.copy()
@@ -61,3 +61,26 @@ def test_same_scheduler_class_serves_other_policies(offline, helpers, policy, ex
     out, _ = offline.step(sched)
     assert out.num_scheduled_tokens == expected
     assert sched.fairway_totals.policy_fallbacks == 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_fairway_shares_the_first_step_then_the_miss_runs_alone(offline, helpers, async_scheduling):
+    """The cross-step share: M's floor is 409 (2,048 / 5); the Fast lane's 1,639 tokens go in
+    score order, the five hits (1,500) first and the other 139 to M: the seed's step, by another
+    route. Once the hits are done, M is alone and gets whole steps (no cap)."""
+    sched = _build(offline, helpers, "fairway", async_scheduling=async_scheduling)
+    before = dict(sched.fairway_totals.lane_prefill_tokens)  # S alone: its 6,000 count as fair
+    out, _ = offline.step(sched)
+    assert out.num_scheduled_tokens == {
+        "H1": 300, "H2": 300, "H3": 300, "H4": 300, "H5": 300, "M": 548,
+    }  # fmt: skip
+    share = sched.fairway_policy.last_share
+    assert (share.front_id, share.floor, share.target) == ("M", 409, 548)
+    assert sched.fairway_policy.last_lanes == ["fast"] * 5 + ["fair"]
+    assert sched.scheduler_config.long_prefill_token_threshold == 0  # restored
+    out, _ = offline.step(sched)
+    assert dict(out.num_scheduled_tokens) == {"M": 2_048}
+    offline.run_until_idle(sched)
+    assert not sched.requests
+    lanes = sched.fairway_totals.lane_prefill_tokens
+    assert {k: v - before[k] for k, v in lanes.items()} == {"fair": 6_000, "fast": 1_500}

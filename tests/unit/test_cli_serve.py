@@ -109,7 +109,7 @@ def test_policy_args_and_options_are_json_scalars():
         "--policy-arg",
         "patience_floor_s=0.5",
         "--policy-arg",
-        "wait_mode=absolute",
+        "profile=cpu-tiny-llama",
         "--fairway-option",
         "protect=true",
         "--fairway-option",
@@ -118,7 +118,7 @@ def test_policy_args_and_options_are_json_scalars():
     assert additional_config(argv)["fairway"] == {
         "fast_weight": 2,
         "patience_floor_s": 0.5,
-        "wait_mode": "absolute",
+        "profile": "cpu-tiny-llama",
         "protect": True,
         "protect_top_k": 8,
     }

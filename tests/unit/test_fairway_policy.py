@@ -1,4 +1,5 @@
-"""FairwayPolicy: the worked example, the lane scores, the work-charge bound and its ablations."""
+"""FairwayStepPolicy (`fairway-step`, the seed rule): the worked example, the lane scores, the
+work-charge bound and its ablations."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from fairway.errors import FairwayConfigError
 from fairway.policies import get
 from fairway.policies.base import QueuedRequest
-from fairway.policies.fairway import FairwayPolicy
+from fairway.policies.fairway_step import FairwayStepPolicy
 from fairway.profile import from_points
 
 STEP_BUDGET = 2048
@@ -40,7 +41,7 @@ def worked_example() -> list[QueuedRequest]:
 
 def test_worked_example_orders_hits_then_miss() -> None:
     queue = worked_example()
-    policy = get("fairway")
+    policy = get("fairway-step")
     order = policy.order(queue, now=0.01)
     assert [queue[i].request_id for i in order] == ["H1", "H2", "H3", "H4", "H5", "M"]
     assert policy.last_lanes == ["fast"] * 5 + ["fair"]
@@ -48,7 +49,7 @@ def test_worked_example_orders_hits_then_miss() -> None:
 
 def test_worked_example_work_ahead_of_miss_is_a_quarter_and_m_gets_548() -> None:
     queue = worked_example()
-    order = get("fairway").order(queue, now=0.01)
+    order = get("fairway-step").order(queue, now=0.01)
     ahead = sum(queue[i].remaining for i in order[: order.index(0)])
     assert ahead == 1500 == queue[0].remaining // 4
     assert admit(queue, order, STEP_BUDGET) == [
@@ -58,7 +59,7 @@ def test_worked_example_work_ahead_of_miss_is_a_quarter_and_m_gets_548() -> None
 
 def test_sixth_hit_goes_after_the_miss() -> None:
     queue = [*worked_example(), QueuedRequest("H6", 0.006, 6300, 6000)]
-    order = get("fairway").order(queue, now=0.01)
+    order = get("fairway-step").order(queue, now=0.01)
     assert [queue[i].request_id for i in order] == ["H1", "H2", "H3", "H4", "H5", "M", "H6"]
 
 
@@ -66,7 +67,7 @@ def test_equal_cache_shorter_remaining_goes_first() -> None:
     """A/B example: same cached prefix, A has 300 left and B 3,000: A has the higher score."""
     a = QueuedRequest("A", arrival=0.0, prompt_tokens=3300, cached_tokens=3000)
     b = QueuedRequest("B", arrival=0.0, prompt_tokens=6000, cached_tokens=3000)
-    policy = FairwayPolicy(fair_lane=False)
+    policy = FairwayStepPolicy(fair_lane=False)
     assert policy.fast_score(a, 0.0) == pytest.approx(10.0)
     assert policy.fast_score(b, 0.0) == pytest.approx(1.0)
     assert policy.order([b, a], now=0.0) == [1, 0]
@@ -75,7 +76,7 @@ def test_equal_cache_shorter_remaining_goes_first() -> None:
 def test_relative_wait_term_uses_each_requests_patience() -> None:
     """Both waited 2 s; patience 1 s (short) vs 4 s (long): second terms 2 and 0.5."""
     profile = from_points([(1000, 0.2), (8000, 4 / 3)])  # 3 x T(8000) = 4 s; 3 x T(1000) < floor
-    policy = FairwayPolicy(profile=profile)
+    policy = FairwayStepPolicy(profile=profile)
     short = QueuedRequest("short", arrival=0.0, prompt_tokens=1000, cached_tokens=0)
     long = QueuedRequest("long", arrival=0.0, prompt_tokens=8000, cached_tokens=0)
     assert policy.patience_s(1000) == pytest.approx(1.0)
@@ -102,7 +103,7 @@ def test_nofair_ablation_is_the_fast_lane_alone() -> None:
 def test_waiting_long_enough_lifts_a_miss_into_the_fast_lane() -> None:
     miss = QueuedRequest("M", arrival=0.0, prompt_tokens=6000, cached_tokens=0)
     hit = QueuedRequest("H", arrival=100.0, prompt_tokens=6300, cached_tokens=6000)
-    policy = FairwayPolicy(fair_lane=False)  # patience = 1 s floor without a profile
+    policy = FairwayStepPolicy(fair_lane=False)  # patience = 1 s floor without a profile
     assert policy.order([miss, hit], now=100.0) == [0, 1]  # 100 > 20 + 0
 
 
@@ -121,11 +122,11 @@ def test_waiting_long_enough_lifts_a_miss_into_the_fast_lane() -> None:
 )
 def test_bad_options_name_the_parameter(params: dict, needle: str) -> None:
     with pytest.raises(FairwayConfigError, match=needle):
-        get("fairway", **params)
+        get("fairway-step", **params)
 
 
 def test_defaults_are_frozen_paper_values() -> None:
-    policy = get("fairway")
+    policy = get("fairway-step")
     assert (policy.fast_weight, policy.patience_multiplier, policy.patience_floor_s) == (4, 3, 1.0)
     assert policy.params()["wait_mode"] == "relative"
 
@@ -149,7 +150,7 @@ queues = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(queue=queues, now=st.floats(0, 200), weight=st.sampled_from([1, 2, 4, 8]))
 def test_bound_on_work_ahead_of_the_oldest(queue, now, weight) -> None:
-    policy = FairwayPolicy(fast_weight=weight)
+    policy = FairwayStepPolicy(fast_weight=weight)
     order = policy.order(queue, now)
     assert sorted(order) == list(range(len(queue)))
     oldest = min(range(len(queue)), key=lambda i: (queue[i].arrival, i))
@@ -161,7 +162,7 @@ def test_bound_on_work_ahead_of_the_oldest(queue, now, weight) -> None:
 @settings(max_examples=200, deadline=None)
 @given(queue=queues, now=st.floats(0, 200))
 def test_scores_are_finite(queue, now) -> None:
-    policy = get("fairway", profile="a6000-llama3.1-8b-estimate")
+    policy = get("fairway-step", profile="a6000-llama3.1-8b-estimate")
     assert all(math.isfinite(policy.fast_score(r, now)) for r in queue)
 
 
@@ -171,7 +172,7 @@ def test_edge_cases_zero_length_and_fully_cached() -> None:
         QueuedRequest("full", 0.0, 512, 512),
         QueuedRequest("miss", 0.0, 512, 0),
     ]
-    policy = get("fairway")
+    policy = get("fairway-step")
     assert sorted(policy.order(queue, 1.0)) == [0, 1, 2]
     assert policy.fast_score(queue[1], 1.0) == pytest.approx(512 + 1.0)
     assert policy.order(queue[:1], 0.0) == [0]

@@ -1,0 +1,200 @@
+"""The seed Fairway rule, one step at a time: a Fast lane and a Fair lane merged by work charges.
+
+Must not import vllm. Registered as `fairway-step`, and the ablations `fairway-abswait` (wait in
+absolute seconds) and `fairway-nofair` (Fast lane only), which stay on this per-step rule. The
+cross-step version (`fairway`, `fairway.policies.fairway`) shares the Fast-lane score defined here
+(`FastScore`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from fairway.policies.base import Policy, QueuedRequest, register_policy
+from fairway.profile import PrefillProfile, load
+
+WaitMode = Literal["relative", "absolute"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """The queue as numpy columns: the pre-pass runs every step over 1,000s of requests."""
+
+    arrival: np.ndarray
+    prompt: np.ndarray
+    cached: np.ndarray
+    work: np.ndarray  # QueuedRequest.remaining: max(prompt - cached, 1)
+
+    @classmethod
+    def of(cls, queue: Sequence[QueuedRequest]) -> _Columns:
+        n = len(queue)
+        arrival = np.fromiter((r.arrival for r in queue), np.float64, n)
+        prompt = np.fromiter((r.prompt_tokens for r in queue), np.float64, n)
+        cached = np.fromiter((r.cached_tokens for r in queue), np.float64, n)
+        return cls(arrival, prompt, cached, np.maximum(prompt - cached, 1.0))
+
+
+@dataclass(eq=False)
+class FastScore(Policy):
+    """The Fast lane's score and the parameters both Fairway policies share (a base class).
+
+    Fast lane, highest score first (ties: older first, then queue position)::
+
+        s = h / max(c, 1) + wait / SLO,    SLO = max(patience_floor_s, patience_multiplier * T(L))
+
+    with h the cached prefix tokens, c the tokens still to compute, L the prompt length, wait =
+    now - arrival (>= 0) and T the idle prefill time from the profile table. The first term is
+    RAGCache's order; the second makes every request's urgency grow at a rate relative to its own
+    size, so a short prompt that waited 2 s with 1 s of patience (term 2) outranks a long one that
+    waited 2 s with 4 s of patience (term 0.5).
+    """
+
+    #: Weight of the Fast lane against the Fair lane (> 0): the Fast lane's work is charged
+    #: `fast_weight` times (fairway-step), or gets fast_weight / (1 + fast_weight) of each
+    #: contested step's prefill tokens (fairway).
+    fast_weight: float = 4.0
+    #: SLO = patience_multiplier x T(L) (> 0).
+    patience_multiplier: float = 3.0
+    #: Lower bound of the SLO in seconds (> 0); also the unit of wait for `fairway-abswait`.
+    patience_floor_s: float = 1.0
+    #: Prefill-time table T(L) (object, path or shipped name); None: every SLO is the floor.
+    profile: PrefillProfile | str | None = None
+    needs_cache_hits: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for name in ("fast_weight", "patience_multiplier", "patience_floor_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+            if value == float("inf"):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+        if isinstance(self.profile, str):
+            self.profile = load(self.profile)
+        elif self.profile is not None and not isinstance(self.profile, PrefillProfile):
+            raise ValueError(
+                f"profile must be a PrefillProfile, a path or None, got {self.profile!r}"
+            )
+
+    def patience_s(self, prompt_tokens: int) -> float:
+        """SLO of a prompt of this length, in seconds."""
+        return float(self._patience(np.array([prompt_tokens], dtype=np.float64))[0])
+
+    def _patience(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        if self.profile is None:
+            return np.full(prompt_tokens.shape, self.patience_floor_s)
+        prefill = self.profile.prefill_s_array(prompt_tokens)
+        return np.maximum(self.patience_floor_s, self.patience_multiplier * prefill)
+
+    def fast_score(self, request: QueuedRequest, now: float) -> float:
+        """s = h / max(c, 1) + wait / SLO (or wait / floor for the absolute-wait ablation)."""
+        return float(self._scores(_Columns.of([request]), now)[0])
+
+    def _wait_unit(self, cols: _Columns) -> np.ndarray | float:
+        """The SLO each request's wait is divided by."""
+        return self._patience(cols.prompt)
+
+    def _scores(self, cols: _Columns, now: float) -> np.ndarray:
+        wait = np.maximum(now - cols.arrival, 0.0)
+        return cols.cached / cols.work + wait / self._wait_unit(cols)
+
+    def _fast_lane(self, cols: _Columns, now: float) -> list[int]:
+        """Indices by descending Fast score; ties older first, then queue position."""
+        # lexsort: the last key is primary; it is stable, so queue position breaks the last tie.
+        return np.lexsort((cols.arrival, -self._scores(cols, now))).tolist()
+
+
+@register_policy("fairway-step")
+@register_policy("fairway-abswait", wait_mode="absolute")
+@register_policy("fairway-nofair", fair_lane=False)
+@dataclass(eq=False)
+class FairwayStepPolicy(FastScore):
+    """The seed rule: two lanes over the waiting queue, merged by work charges, every step anew.
+
+    Fast lane: `FastScore`'s order. `fairway-abswait` uses wait / patience_floor_s instead of
+    wait / SLO (absolute seconds, same scale at the floor).
+
+    Fair lane: arrival order, oldest first.
+
+    Merge (work charges): each lane has a ledger that starts at the work (`remaining`, uncached
+    tokens) of its front request, Fast-lane work counted `fast_weight` times. The lane with the
+    smaller ledger places its next request not yet placed and adds that request's (weighted) work;
+    ties go to Fast. A request placed by one lane is skipped by the other. Consequence: the work
+    placed ahead of the oldest request M is at most M.remaining / fast_weight plus one request's
+    overshoot. The bound holds per step (ledgers reset every step): M starts in this step only if
+    that is less than the step's token budget. A miss of fast_weight x budget tokens or more gets
+    nothing while hits keep filling the steps, until its wait/SLO term lifts it in the Fast lane
+    (benchmarks/e3_flood.py measures this); and once M has started, vLLM serves it first with the
+    whole budget. `fairway` (the cross-step share) fixes both.
+
+    Worked example: five hits of 300 uncached tokens and an older 6,000-token miss M. Fast ledger
+    1,200 (4 x 300) vs Fair ledger 6,000: H1..H4 bring Fast to 6,000, the tie goes to Fast (H5,
+    7,200), then Fair places M. 1,500 tokens (= M/4) go ahead of M; with a 2,048-token step
+    budget M gets the other 548 tokens of the step.
+
+    Caller's contract: call `order()` before every step with the whole waiting queue and the
+    current time on the clock of `QueuedRequest.arrival`. The policy keeps no state across steps;
+    `last_lanes` reports which lane placed each position of the last order (for metrics).
+    """
+
+    #: "relative" (wait / SLO) or "absolute" (wait / patience_floor_s): the E4 ablation.
+    wait_mode: WaitMode = "relative"
+    #: False: Fast lane only (the `fairway-nofair` ablation).
+    fair_lane: bool = True
+
+    last_lanes: list[str] = field(init=False, repr=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.wait_mode not in ("relative", "absolute"):
+            raise ValueError(f"wait_mode must be 'relative' or 'absolute', got {self.wait_mode!r}")
+        if not isinstance(self.fair_lane, bool):
+            raise ValueError(f"fair_lane must be true or false, got {self.fair_lane!r}")
+
+    def _wait_unit(self, cols: _Columns) -> np.ndarray | float:
+        if self.wait_mode == "relative":
+            return self._patience(cols.prompt)
+        return self.patience_floor_s
+
+    def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
+        cols = _Columns.of(queue)
+        fast = self._fast_lane(cols, now)
+        if not self.fair_lane:
+            self.last_lanes = ["fast"] * len(fast)
+            return fast
+        fair = np.argsort(cols.arrival, kind="stable").tolist()
+        return self._merge(cols.work.tolist(), fast, fair)
+
+    def _merge(self, work: list[float], fast: list[int], fair: list[int]) -> list[int]:
+        """Interleave the two lanes by work charges (see the class docstring)."""
+        n = len(work)
+        if n == 0:
+            self.last_lanes = []
+            return []
+        weight = self.fast_weight
+        placed = [False] * n
+        result: list[int] = []
+        lanes: list[str] = []
+        fast_pos = fair_pos = 0
+        fast_ledger = weight * work[fast[0]]
+        fair_ledger = float(work[fair[0]])
+        for _ in range(n):
+            while placed[fast[fast_pos]]:
+                fast_pos += 1
+            while placed[fair[fair_pos]]:
+                fair_pos += 1
+            if fast_ledger <= fair_ledger:
+                i = fast[fast_pos]
+                fast_ledger += weight * work[i]
+                lanes.append("fast")
+            else:
+                i = fair[fair_pos]
+                fair_ledger += work[i]
+                lanes.append("fair")
+            placed[i] = True
+            result.append(i)
+        self.last_lanes = lanes
+        return result

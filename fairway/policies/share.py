@@ -1,0 +1,256 @@
+"""The cross-step token share of `fairway`: the per-step plan (cap, placement, hold), ledgers.
+
+Must not import vllm. Pure functions over a model of vLLM's scan: in one step vLLM serves its
+running requests in list order, then the waiting queue in order; each request gets
+min(its remaining tokens, the per-request cap, the budget left), and a waiting request also needs a
+free request slot (the scan stops at the first one without). The plan chooses the cap and where
+the Fair lane's front O stands in that sequence, so that O gets its entitlement and the Fast lane
+the rest of the budget. `tests/unit/test_share.py` checks the plan against this model,
+`tests/integration/test_share_property.py` checks the result against vLLM's real Scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: A cap no request reaches (vLLM's "no cap" is 0; the model uses a large number instead).
+NO_CAP = 1 << 40
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One prefill candidate in the scan: its id, remaining tokens, and whether it waits."""
+
+    request_id: str
+    demand: int
+    waiting: bool
+
+
+def grants(seq: Sequence[Item], cap: int, budget: int, slots: int) -> list[int]:
+    """Tokens vLLM's scan gives each item of `seq`, in order (a prefix; items left out get 0)."""
+    out: list[int] = []
+    left = budget
+    for item in seq:
+        if left <= 0:
+            break
+        if item.waiting:
+            if slots <= 0:
+                break
+            slots -= 1
+        given = min(item.demand, cap, left)
+        out.append(given)
+        left -= given
+    return out
+
+
+def demand_served(seq: Sequence[Item], slots: int) -> int:
+    """Tokens the scan would give with no cap and no budget limit (slot limits only)."""
+    return sum(grants(seq, NO_CAP, NO_CAP, slots))
+
+
+def water_level(seq: Sequence[Item], budget: int, slots: int, lo: int) -> int:
+    """The smallest cap >= lo with which the scan fills the budget (the largest demand if none)."""
+    hi = max([lo, *(item.demand for item in seq)])
+    if sum(grants(seq, hi, budget, slots)) < budget:
+        return hi
+    if sum(grants(seq, lo, budget, slots)) >= budget:
+        return lo
+    while hi - lo > 1:  # total(lo) < budget <= total(hi)
+        mid = (lo + hi) // 2
+        if sum(grants(seq, mid, budget, slots)) >= budget:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def cap_limit(before: Sequence[Item], room: int, slots: int) -> int:
+    """The largest cap with which the items `before` take at most `room` tokens (0: none)."""
+    hi = max([1, *(item.demand for item in before)])
+    if demand_served(before, slots) <= room:
+        return NO_CAP
+    if sum(grants(before, 1, NO_CAP, slots)) > room:
+        return 0
+    lo = 1
+    while hi - lo > 1:  # taken(lo) <= room < taken(hi)
+        mid = (lo + hi) // 2
+        if sum(grants(before, mid, NO_CAP, slots)) <= room:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One step's split: the cap, O's place, the running prefills held back, and the outcome the
+    model predicts (`front_tokens` for O, `fast_tokens` for everyone else)."""
+
+    cap: int
+    front_first: bool = True
+    running_first: tuple[str, ...] = ()
+    hold: frozenset[str] = frozenset()
+    front_tokens: int = 0
+    fast_tokens: int = 0
+
+    def key(self, target: int) -> tuple[bool, int, int, int]:
+        """Best plan: O gets its target; then most Fast tokens; then most tokens; larger cap
+        (fewer, larger chunks: the best-scored requests finish first)."""
+        ok = self.front_tokens >= target
+        return (ok, self.fast_tokens if ok else self.front_tokens, self.total, self.cap)
+
+    @property
+    def total(self) -> int:
+        return self.front_tokens + self.fast_tokens
+
+
+def _evaluate(seq: list[Item], front: int, cap: int, budget: int, slots: int, **kw: object) -> Plan:
+    given = grants(seq, cap, budget, slots)
+    mine = given[front] if front < len(given) else 0
+    return Plan(cap=cap, front_tokens=mine, fast_tokens=sum(given) - mine, **kw)  # type: ignore[arg-type]
+
+
+def plan_step(
+    front: Item,
+    running: Sequence[Item],
+    ahead: Sequence[Item],
+    waiting: Sequence[Item],
+    budget: int,
+    slots: int,
+    target: int,
+) -> Plan:
+    """The split of one contested step.
+
+    Args:
+        front: O, the Fair lane's front (`waiting` True: it is in the waiting queue).
+        running: the Fast lane's prefilling running requests, in the running list's order.
+        ahead: waiting requests the engine serves before the policy's order (preempted, at the
+            head), in that order.
+        waiting: the Fast lane's waiting requests, in Fast-score order.
+        budget: P, the step's prefill tokens. slots: free request slots for waiting requests.
+        target: a = min(O's remaining tokens, its entitlement): what O must get.
+
+    Returns:
+        The plan that gives O at least `target` tokens (if any arrangement does) and, among
+        those, the most tokens to the Fast lane, then the most tokens in all.
+
+    Arrangements tried. O running: some prefix of the running Fast prefills before O, the rest
+    (and every waiting request) after it. O waiting: every running prefill comes first (vLLM's
+    rule); O first or last in the waiting order; if the running prefills alone would take more
+    than budget - target, the newest of them are held back for the step (as few as possible).
+    Caps tried per arrangement: the water level (the smallest cap >= target that fills the budget)
+    and the largest cap with which the requests before O leave O its target.
+    """
+    lo = max(1, target)
+    room = budget - target
+    plans: list[Plan] = []
+    if not front.waiting:
+        after = [*ahead, *waiting]
+        level = water_level([front, *running, *after], budget, slots, lo)
+        taken, k_max = 0, 0
+        for k in range(1, len(running) + 1):
+            taken += min(running[k - 1].demand, level)
+            if taken > room:
+                break
+            k_max = k
+        for k in sorted({0, k_max}):
+            before = list(running[:k])
+            seq = [*before, front, *running[k:], *after]
+            first = tuple(item.request_id for item in before)
+            caps = {level}
+            if k:
+                top = cap_limit(before, room, slots)
+                if top >= level:
+                    caps.add(min(top, NO_CAP))
+            plans += [_evaluate(seq, k, c, budget, slots, running_first=first) for c in caps]
+    else:
+        hold = _min_hold(front, running, ahead, waiting, budget, slots, lo, room)
+        kept = list(running[: len(running) - hold])
+        held = frozenset(item.request_id for item in running[len(running) - hold :])
+        for front_first in (True, False):
+            before = [*kept, *ahead] + ([] if front_first else list(waiting))
+            rest = list(waiting) if front_first else []
+            seq = [*before, front, *rest]
+            level = water_level(seq, budget, slots, lo)
+            caps = {level}
+            top = cap_limit(before, room, slots)
+            if top >= lo:
+                caps.add(top)
+            plans += [
+                _evaluate(seq, len(before), c, budget, slots, front_first=front_first, hold=held)
+                for c in caps
+            ]
+    return max(plans, key=lambda plan: plan.key(target))
+
+
+def _min_hold(
+    front: Item,
+    running: Sequence[Item],
+    ahead: Sequence[Item],
+    waiting: Sequence[Item],
+    budget: int,
+    slots: int,
+    lo: int,
+    room: int,
+) -> int:
+    """How many of the newest running prefills to hold back so that, with O first in the waiting
+    order and the cap at the water level, the requests ahead of O leave it its target."""
+
+    def fits(hold: int) -> bool:
+        kept = list(running[: len(running) - hold])
+        level = water_level([*kept, *ahead, front, *waiting], budget, slots, lo)
+        return sum(grants([*kept, *ahead], level, NO_CAP, slots)) <= room
+
+    if fits(0):
+        return 0
+    bad, good = 0, len(running)
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+@dataclass(slots=True)
+class ShareLedger:
+    """The two lanes' work-charge ledgers, persistent across steps.
+
+    A contest is a run of consecutive steps in which both lanes have demand and the demand exceeds
+    the step; a step outside a contest resets the ledgers (no banking of idle share). Within a
+    contest, each lane's deficit is its cumulative shortfall against what it was owed:
+    owed_fair = min(d_O, F) and owed_fast = min(Fast demand, P - owed_fair) per step, with
+    F = floor(P / (1 + w)); tokens counted are those vLLM scheduled (`SchedulerOutput`). A
+    deficit never goes below 0 (a lane that got more than owed banks nothing) nor above P.
+    """
+
+    fair_deficit: int = 0
+    fast_deficit: int = 0
+    #: Prefill tokens scheduled per lane since the contest began.
+    fair_tokens: int = 0
+    fast_tokens: int = 0
+    contest_steps: int = 0
+
+    def entitlement(self, floor: int, budget: int) -> int:
+        """O's entitlement this step: F plus its deficit net of Fast's, never below F, at most P.
+
+        O's floor F is never lowered: Fast's deficit is repaid only out of O's own deficit.
+        """
+        return max(floor, min(budget, floor + self.fair_deficit - self.fast_deficit))
+
+    def record(
+        self, owed_fair: int, got_fair: int, owed_fast: int, got_fast: int, budget: int
+    ) -> None:
+        """Book one contested step's owed and scheduled tokens."""
+        self.fair_deficit = min(budget, max(0, self.fair_deficit + owed_fair - got_fair))
+        self.fast_deficit = min(budget, max(0, self.fast_deficit + owed_fast - got_fast))
+        self.fair_tokens += got_fair
+        self.fast_tokens += got_fast
+        self.contest_steps += 1
+
+    def reset(self) -> None:
+        """A lane had no demand (or everything fitted): forget the contest."""
+        self.fair_deficit = self.fast_deficit = 0
+        self.fair_tokens = self.fast_tokens = self.contest_steps = 0
