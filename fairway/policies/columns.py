@@ -39,8 +39,8 @@ class QueueColumns:
     cached_tokens: np.ndarray
     keys: np.ndarray
     new: np.ndarray
-    #: `() -> list of request ids in row order` (built only if asked for).
-    ids_source: Callable[[], list[str]] = field(repr=False, default=list)
+    #: `rows -> their request ids` (read only for the rows a policy asks about).
+    ids_source: Callable[[Any], list[str]] = field(repr=False, default=lambda rows: [])
     _ids: list[str] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -50,8 +50,14 @@ class QueueColumns:
     def request_ids(self) -> list[str]:
         """Request ids in row order (built on first use)."""
         if self._ids is None:
-            self._ids = self.ids_source()
+            self._ids = self.ids_source(slice(None))
         return self._ids
+
+    def ids_of(self, rows: Any) -> list[str]:
+        """Request ids of these rows (a sequence of indices), without building all of them."""
+        if self._ids is not None:
+            return [self._ids[i] for i in rows]
+        return self.ids_source(np.asarray(rows, dtype=np.intp))
 
     @property
     def remaining(self) -> np.ndarray:
@@ -81,7 +87,7 @@ class QueueColumns:
             cached_tokens=np.fromiter((r.cached_tokens for r in queue), np.int64, n),
             keys=np.arange(n, dtype=np.intp) if keys is None else np.asarray(keys, np.intp),
             new=np.ones(n, dtype=bool),
-            ids_source=lambda: ids,
+            ids_source=lambda rows: np.asarray(ids, dtype=object)[rows].tolist(),
         )
 
 

@@ -470,7 +470,7 @@ class PrefixProbe:
             cached_tokens=self._cached[slots],
             keys=slots,
             new=~self._given[slots],
-            ids_source=lambda: list(map(_request_id, ordered.tolist())),
+            ids_source=lambda rows: list(map(_request_id, ordered[rows].tolist())),
         )
         snap.columns = cols
         if len(slots):

@@ -220,7 +220,7 @@ class FairwaySchedulerMixin:
         assert cols is not None
         n = len(cols)
         if self._fairway_shares:
-            raw = self._fairway_step_share(cols.views(), snap.fixed).waiting_order
+            raw = self._fairway_step_share(cols, snap.fixed).waiting_order
         else:
             raw = order_of(self.fairway_policy, cols, self.fairway_clock()) if n else []
         try:
@@ -249,13 +249,16 @@ class FairwaySchedulerMixin:
     # --- the cross-step share (policies with `shares_steps`) -----------------------------------
 
     def _fairway_step_share(
-        self, views: list[policies.QueuedRequest], ahead: list[Request]
+        self, waiting: QueueColumns | list[policies.QueuedRequest], ahead: list[Request]
     ) -> policies.StepShare:
         """Ask the policy for this step's order and split (raises like `order()` may)."""
         prefilling, decode_tokens = share.running_prefills(self)
         firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
         budget = share.step_budget(self, decode_tokens, firsts)
-        result = self.fairway_policy.step_share(views, prefilling, budget, self.fairway_clock())
+        policy, now = self.fairway_policy, self.fairway_clock()
+        if not getattr(policy, "step_share_columns", False) and isinstance(waiting, QueueColumns):
+            waiting = waiting.views()  # a policy that takes views only
+        result = policy.step_share(waiting, prefilling, budget, now)
         self._fairway_share = result
         return result
 
