@@ -230,9 +230,7 @@ class FairwayPolicy(FastScore):
             ]
         )
         run_scores = self._scores(run, now).tolist() if prefilling else []
-        # The tokens run out within the shortest prefix of the Fast lane whose demand covers them.
-        covered = np.searchsorted(np.cumsum(cols.work[rest]), max(0, tokens))
-        top = rest[: int(covered) + 1]
+        top = _covering(rest, cols.work, tokens)
         ids = queue.ids_of(top)
         # (score, arrival, id, demand, running?)
         entries = [
@@ -296,6 +294,12 @@ def _front(
     ):
         return None, best_run
     return best_wait, None
+
+
+def _covering(rest: np.ndarray, work: np.ndarray, tokens: int) -> np.ndarray:
+    """The shortest prefix of `rest` whose work covers `tokens` (the tokens run out within it)."""
+    covered = np.searchsorted(np.cumsum(work[rest]), max(0, tokens))
+    return rest[: int(covered) + 1]
 
 
 def _items(queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int) -> list[Item]:

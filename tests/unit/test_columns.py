@@ -121,3 +121,51 @@ def test_keyed_state_grows_and_keeps_values() -> None:
     assert state.view(np.array([3])).tolist() == [0]
     state.store(np.array([3]), np.array([7]))
     assert state.view(np.array([3, 500])).tolist() == [7, 0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    slots=st.integers(0, 6),
+    tokens=st.sampled_from([0, 64, 512, 2_048]),
+    num_running=st.integers(0, 3),
+)
+def test_fairway_share_over_the_step_head_equals_the_whole_queue(
+    seed: int, slots: int, tokens: int, num_running: int
+) -> None:
+    """`fairway` hands Items only for the requests a step can start or give tokens to; the plan
+    equals the one computed from every waiting request."""
+    from fairway.policies import fairway as fairway_policy
+    from fairway.policies.base import PrefillingRequest, StepBudget
+    from fairway.policies.share import Item
+
+    rng = random.Random(seed)
+    queue = [
+        QueuedRequest(f"w{i}", rng.uniform(0, 9), rng.randint(20, 3_000), 0) for i in range(30)
+    ]
+    queue = [
+        QueuedRequest(
+            r.request_id, r.arrival, r.prompt_tokens, rng.choice((0, r.prompt_tokens // 2))
+        )
+        for r in queue
+    ]
+    running = tuple(
+        PrefillingRequest(f"p{j}", rng.uniform(0, 9), rng.randint(1, 900), 1_000)
+        for j in range(num_running)
+    )
+    budget = StepBudget(tokens, slots)
+
+    def plan(policy):
+        share = policy.step_share(queue, running, budget, 10.0)
+        return share, list(policy.last_lanes)
+
+    fast = plan(get("fairway"))
+
+    def all_items(queue, cols, rest, slots):
+        ids = queue.ids_of(rest)
+        return [Item(i, int(cols.work[r]), True) for i, r in zip(ids, rest.tolist(), strict=True)]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fairway_policy, "_items", all_items)
+        patch.setattr(fairway_policy, "_covering", lambda rest, work, tokens: rest)
+        assert plan(get("fairway")) == fast
