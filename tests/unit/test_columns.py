@@ -78,18 +78,19 @@ def test_lpm_columns_equal_views_over_many_steps(seed: int, cap: int | None) -> 
     assert by_columns.num_unsorted_steps == by_views.num_unsorted_steps
 
 
+def _random_queue(rng: random.Random, n: int) -> list[QueuedRequest]:
+    """n requests of 20-3,000 tokens; about half have half of their prompt cached."""
+    queue = []
+    for i in range(n):
+        prompt = rng.randint(20, 3_000)
+        cached = rng.choice((0, prompt // 2))
+        queue.append(QueuedRequest(f"r{i}", rng.uniform(0, 10), prompt, cached))
+    return queue
+
+
 @pytest.mark.parametrize("name", names())
 def test_every_policy_orders_columns_as_views_on_a_first_call(name: str) -> None:
-    rng = random.Random(3)
-    queue = [
-        QueuedRequest(f"r{i}", rng.uniform(0, 10), rng.randint(20, 3_000), 0) for i in range(40)
-    ]
-    queue = [
-        QueuedRequest(
-            r.request_id, r.arrival, r.prompt_tokens, rng.choice((0, r.prompt_tokens // 2))
-        )
-        for r in queue
-    ]
+    queue = _random_queue(random.Random(3), 40)
     expected = get(name).order(queue, 12.0)
     got = check_permutation(order_of(get(name), QueueColumns.of(queue), 12.0), len(queue))
     assert got.tolist() == list(expected)
@@ -140,15 +141,7 @@ def test_fairway_share_over_the_step_head_equals_the_whole_queue(
     from fairway.policies.share import Item
 
     rng = random.Random(seed)
-    queue = [
-        QueuedRequest(f"w{i}", rng.uniform(0, 9), rng.randint(20, 3_000), 0) for i in range(30)
-    ]
-    queue = [
-        QueuedRequest(
-            r.request_id, r.arrival, r.prompt_tokens, rng.choice((0, r.prompt_tokens // 2))
-        )
-        for r in queue
-    ]
+    queue = _random_queue(rng, 30)
     running = tuple(
         PrefillingRequest(f"p{j}", rng.uniform(0, 9), rng.randint(1, 900), 1_000)
         for j in range(num_running)
