@@ -18,7 +18,10 @@ requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-
 Timing is the CPU time of this thread (`time.thread_time`, so that a shared machine's
 descheduling is not charged to an arm) of `schedule()` plus the `add_request` calls of the
 requests that arrive after it; `update_from_output()` runs untimed with a fake model output.
-"added" is the arm's median minus vLLM's median of the same kind and size.
+"added" is the arm's median minus vLLM's median of the same kind and size; it also holds any
+difference in vLLM's own work (a policy that starts more or other requests per step makes vLLM do
+more admissions). "pre-pass" is Fairway's own part, as `fairway:prepass_seconds` observes it
+(wall time, median over the steps that ran it).
 The memory Fairway keeps per waiting request is measured with tracemalloc (allocations made from
 `fairway/` files, N = the largest size <= 1,000).
 
@@ -61,6 +64,8 @@ class ArmResult:
     waiting: int
     median_ms: float
     p90_ms: float
+    #: Median of Fairway's own pre-pass (what `fairway:prepass_seconds` observes; wall time).
+    prepass_ms: float | None = None
     samples_ms: list[float] = field(default_factory=list, repr=False)
 
 
@@ -157,13 +162,19 @@ class Workload:
         return sched
 
 
-def _timed_step(offline: Any, sched: Any) -> tuple[float, int]:
-    """CPU seconds of `schedule()` and the number of requests it admitted."""
+def _timed_step(offline: Any, sched: Any) -> tuple[float, int, float | None]:
+    """CPU seconds of `schedule()`, the requests it admitted, and Fairway's pre-pass seconds in
+    it (wall time, as `fairway:prepass_seconds` observes it; None: no pre-pass ran)."""
+    totals = getattr(sched, "fairway_totals", None)
+    before = (totals.prepass_total_s, totals.prepass_count) if totals is not None else None
     start = time.thread_time()
     out = sched.schedule()
     elapsed = time.thread_time() - start
+    prepass = None
+    if before is not None and totals.prepass_count > before[1]:
+        prepass = totals.prepass_total_s - before[0]
     sched.update_from_output(out, offline.fake_model_output(sched, out))
-    return elapsed, len(out.scheduled_new_reqs)
+    return elapsed, len(out.scheduled_new_reqs), prepass
 
 
 def _unprobed(sched: Any) -> int:
@@ -172,10 +183,15 @@ def _unprobed(sched: Any) -> int:
     return getattr(memo, "num_unprobed", 0) if memo is not None else 0
 
 
-def _result(arm: str, kind: str, n: int, samples: list[float]) -> ArmResult:
+def _result(
+    arm: str, kind: str, n: int, samples: list[float], prepass: Sequence[float | None] = ()
+) -> ArmResult:
     ms = [s * 1e3 for s in samples]
     p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) >= 2 else ms[0]
-    return ArmResult(arm, kind, n, statistics.median(ms), p90, ms)
+    ran = [p * 1e3 for p in prepass if p is not None]
+    return ArmResult(
+        arm, kind, n, statistics.median(ms), p90, statistics.median(ran) if ran else None, ms
+    )
 
 
 def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> list[ArmResult]:
@@ -188,6 +204,7 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
     for sched in scheds.values():
         work.offline.add_requests(sched, waiting)
     samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    prepass: dict[str, list[float | None]] = {arm: [] for arm in arms}
     for arm in arms:  # the first steps see every request new: that is the "burst" kind
         _timed_step(work.offline, scheds[arm])
         while _unprobed(scheds[arm]):
@@ -195,13 +212,14 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
     for _ in range(args.rounds):
         for arm in arms:
             for _ in range(args.steps // args.rounds):
-                elapsed, admitted = _timed_step(work.offline, scheds[arm])
+                elapsed, admitted, spent = _timed_step(work.offline, scheds[arm])
                 assert not admitted, "a full step must not admit anything"
                 samples[arm].append(elapsed)
+                prepass[arm].append(spent)
     for arm, sched in scheds.items():
         if arm != "vllm":
             assert sched.fairway_totals.policy_fallbacks == 0
-    return [_result(arm, "full", work.num_waiting, samples[arm]) for arm in arms]
+    return [_result(arm, "full", work.num_waiting, samples[arm], prepass[arm]) for arm in arms]
 
 
 def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult]:
@@ -215,9 +233,10 @@ def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[Ar
     next_k = work.num_waiting
     admit: list[float] = []
     busy: list[float] = []
+    spent_on: dict[str, list[float | None]] = {"admit": [], "busy": []}
     step_no = 0
     while step_no < args.warmup + args.steps:
-        elapsed, admitted = _timed_step(offline, sched)
+        elapsed, admitted, spent = _timed_step(offline, sched)
         if step_no < args.warmup and _unprobed(sched):
             step_no = 0  # warm up until the probe has seen every waiting request
         arrivals = []
@@ -230,14 +249,15 @@ def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[Ar
         elapsed += time.thread_time() - start
         if step_no >= args.warmup:
             (admit if admitted else busy).append(elapsed)
+            spent_on["admit" if admitted else "busy"].append(spent)
         step_no += 1
     if arm != "vllm":
         assert sched.fairway_totals.policy_fallbacks == 0
     results = []
     if admit:
-        results.append(_result(arm, "admit", work.num_waiting, admit))
+        results.append(_result(arm, "admit", work.num_waiting, admit, spent_on["admit"]))
     if busy:
-        results.append(_result(arm, "busy", work.num_waiting, busy))
+        results.append(_result(arm, "busy", work.num_waiting, busy, spent_on["busy"]))
     return results
 
 
@@ -247,7 +267,8 @@ def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult
     A fresh scheduler each time; `add_request` is timed too, since Fairway registers a new request
     there (vLLM's own `add_request` is in the baseline's time as well).
     """
-    samples = []
+    samples: list[float] = []
+    prepass: list[float | None] = []
     for b in range(args.bursts):
         sched = work.scheduler(arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False)
         burst = [
@@ -258,9 +279,11 @@ def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult
         start = time.thread_time()
         work.offline.add_requests(sched, burst)
         added = time.thread_time() - start
-        samples.append(added + _timed_step(work.offline, sched)[0])
+        elapsed, _, spent = _timed_step(work.offline, sched)
+        samples.append(added + elapsed)
+        prepass.append(spent)
         del sched, burst
-    return [_result(arm, "burst", work.num_waiting, samples)]
+    return [_result(arm, "burst", work.num_waiting, samples, prepass)]
 
 
 def memory_per_request(work: Workload, policy: str, args: argparse.Namespace) -> float:
@@ -312,8 +335,8 @@ def markdown(results: list[ArmResult]) -> str:
     base = {(r.waiting, r.kind): r for r in results if r.arm == "vllm"}
     lines = [
         "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | "
-        "added p90 ms | ratio |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
+        "added p90 ms | ratio | pre-pass median ms |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind))):
         b = base.get((r.waiting, r.kind))
@@ -323,9 +346,10 @@ def markdown(results: list[ArmResult]) -> str:
         else:
             added, added_p90 = f"{r.median_ms - b.median_ms:+.3f}", f"{r.p90_ms - b.p90_ms:+.3f}"
         ratio = f"{r.median_ms / b.median_ms:.2f}" if b is not None else "-"
+        prepass = f"{r.prepass_ms:.3f}" if r.prepass_ms is not None else "-"
         lines.append(
             f"| {r.waiting:,} | {r.kind} | {arm} | {r.median_ms:.3f} | {r.p90_ms:.3f} | "
-            f"{added} | {added_p90} | {ratio} |"
+            f"{added} | {added_p90} | {ratio} | {prepass} |"
         )
     return "\n".join(lines)
 
