@@ -4,10 +4,11 @@
 
 For each size it builds a seeded random waiting queue (prompts of 1k-16k tokens, cache hits on a few
 shared prefixes), times `policy.order(queue, now)` for every policy registered by importing
-`fairway.policies`, and prints a Markdown table of medians beside `sorted(range(n), key=arrival)`
-measured in the same run, with the ratio to it. Each policy gets one untimed warm-up call first, so
-stateful policies are timed in their steady state (ids already seen), as at every step but the
-first.
+`fairway.policies` (and `policy.order_columns(columns, now)`, the numpy path the scheduler uses,
+for the policies that have one: rows "(columns)"), and prints a Markdown table of medians beside
+`sorted(range(n), key=arrival)` measured in the same run, with the ratio to it. Each policy gets
+one untimed warm-up call first, so stateful policies are timed in their steady state (ids already
+seen), as at every step but the first.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fairway.policies.base import QueuedRequest, get, names  # noqa: E402
+from fairway.policies.columns import QueueColumns  # noqa: E402
 
 #: Modules whose import registers policies. `fairway.policies` imports every one of them once its
 #: `__init__` exists; the baseline modules are also imported one by one so that a checkout without
@@ -116,6 +118,8 @@ def run(sizes: Sequence[int], repeats: int, seed: int = 0) -> dict[str, Any]:
             except Exception as exc:  # report, keep measuring the others
                 row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
+            if "error" not in row and hasattr(policy, "order_columns"):
+                rows.append(_columns_row(name, queue, now, base, repeats))
     return {
         "sizes": list(sizes),
         "repeats": repeats,
@@ -125,6 +129,23 @@ def run(sizes: Sequence[int], repeats: int, seed: int = 0) -> dict[str, Any]:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "results": rows,
+    }
+
+
+def _columns_row(
+    name: str, queue: list[QueuedRequest], now: float, base: float, repeats: int
+) -> dict[str, Any]:
+    """The policy's numpy path (`order_columns`, what the scheduler calls), same queue."""
+    policy = get(name)
+    cols = QueueColumns.of(queue)
+    policy.order_columns(cols, now)  # warm-up, as for `order()`
+    cols.new[:] = False  # the steady state: every request seen before
+    median = median_s(lambda: policy.order_columns(cols, now), repeats)
+    return {
+        "policy": f"{name} (columns)",
+        "size": len(queue),
+        "median_s": median,
+        "ratio": median / base,
     }
 
 
@@ -140,7 +161,8 @@ def markdown(result: dict[str, Any]) -> str:
     header = "| policy | " + " | ".join(f"n={n} ms | vs sort" for n in sizes) + " |"
     rule = "|---|" + "---:|---:|" * len(sizes)
     lines = [header, rule]
-    for policy in [BASELINE, *result["policies"]]:
+    listed = dict.fromkeys(row["policy"] for row in result["results"])
+    for policy in [BASELINE, *(p for p in listed if p != BASELINE)]:
         lines.append(
             f"| {policy} | " + " | ".join(cells.get((policy, n), "- | -") for n in sizes) + " |"
         )

@@ -1,16 +1,31 @@
-"""Time Fairway adds to vLLM's `schedule()`: FairwayScheduler vs vLLM's own Scheduler.
+"""Time Fairway adds to vLLM's `schedule()`: FairwayScheduler vs vLLM's own Scheduler, same run.
 
-Setup per queue size N (same for every arm, built in the same process):
-  * a warm prefix cache: G shared prefixes of 8,192 tokens computed by seed requests;
-  * `max_num_seqs` decoding requests that fill every running slot, so no step admits anything
-    new and every arm does the same base work (one decode token per running request);
-  * N waiting requests of 8k-16k tokens: one of the cached prefixes + an uncached suffix. The
-    same Request objects are added to every arm (they are never admitted, so never mutated).
-Each measured step calls `schedule()` (timed) and `update_from_output()` (not timed); the arms
-take turns in blocks of steps (`--rounds`), so machine noise hits all of them alike. The first
-Fairway step probes every request from scratch ("cold"); later steps re-verify memoized hits.
+Per queue size N, every arm (vLLM's `Scheduler`, then Fairway with each policy) is measured in
+three situations, all with a warm prefix cache of G shared 8,192-token prefixes and N waiting
+requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-8,192 tokens):
 
-Run: `python benchmarks/scheduler_overhead.py [--sizes 100 1000 5000] [--json out.json]`.
+  * "full" steps: every running slot is busy decoding, so no step can admit anything (the
+    pre-pass may skip the ordering) -- the same Request objects serve every arm, arms take turns
+    in blocks of steps (`--rounds`) so machine noise hits all of them alike;
+  * "admit" / "busy" steps: a prefill node: free slots, 2,048-token steps, max_tokens 1; each
+    step that admits requests is an "admit" sample, each step whose token budget went to running
+    chunks is a "busy" sample; after every step as many new requests arrive as were admitted, so
+    the queue stays at N (each arm has its own copies, as admission mutates a request);
+  * "burst": N requests arrive at once on an idle prefill node (a fresh scheduler each time,
+    `--bursts` times): their `add_request` calls plus the next step; every request is new to
+    Fairway's prefix probe.
+
+Timing is the CPU time of this thread (`time.thread_time`, so that a shared machine's
+descheduling is not charged to an arm) of `schedule()` plus the `add_request` calls of the
+requests that arrive after it; `update_from_output()` runs untimed with a fake model output.
+"added" is the arm's median minus vLLM's median of the same kind and size; it also holds any
+difference in vLLM's own work (a policy that starts more or other requests per step makes vLLM do
+more admissions). "pre-pass" is Fairway's own part, as `fairway:prepass_seconds` observes it
+(wall time, median over the steps that ran it).
+The memory Fairway keeps per waiting request is measured with tracemalloc (allocations made from
+`fairway/` files, N = the largest size <= 1,000).
+
+Run: `python benchmarks/scheduler_overhead.py [--sizes 100 1000 10000] [--json out.json]`.
 """
 
 from __future__ import annotations
@@ -18,195 +33,372 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import platform
+import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+import tracemalloc
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+# Runnable as a plain script from a checkout: put the repository root on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PREFIX_TOKENS = 8_192
 SUFFIX_MAX = 8_192
 BLOCK_SIZE = 16
+PREFILL_BUDGET = 2_048
+KINDS = ("full", "admit", "busy", "burst")
 
 
 @dataclass
 class ArmResult:
-    """Timings of one arm at one queue size (milliseconds)."""
+    """Timings of one arm, one kind of step, one queue size (milliseconds)."""
 
     arm: str
+    kind: str
     waiting: int
     median_ms: float
     p90_ms: float
-    cold_ms: float
-    policy_order_ms: float | None = None
+    #: Median of Fairway's own pre-pass (what `fairway:prepass_seconds` observes; wall time).
+    prepass_ms: float | None = None
     samples_ms: list[float] = field(default_factory=list, repr=False)
 
 
-def _timed_policy(sched: Any) -> list[float]:
-    """Wrap the policy's order() to record its own time (to split probe/view from policy cost)."""
-    times: list[float] = []
-    policy = sched.fairway_policy
-    inner: Callable[..., list[int]] = policy.order
+class Workload:
+    """The prompts (built once per size) and cheap per-arm copies of them as vLLM Requests.
 
-    def order(queue: Sequence[Any], now: float) -> list[int]:
-        start = time.thread_time()
-        try:
-            return inner(queue, now)
-        finally:
-            times.append(time.thread_time() - start)
-
-    policy.order = order
-    return times
-
-
-def _build_arm(offline: Any, arm: str, args: argparse.Namespace, prefixes: list[list[int]]) -> Any:
-    num_blocks = len(prefixes) * (PREFIX_TOKENS // BLOCK_SIZE) + args.running * 8 + 4_096
-    sched = offline.make_offline_scheduler(
-        None if arm == "vllm" else arm,
-        num_blocks=num_blocks,
-        block_size=BLOCK_SIZE,
-        max_num_batched_tokens=16_384,
-        max_num_seqs=args.running,
-        max_model_len=PREFIX_TOKENS + SUFFIX_MAX + 64,
-    )
-    for g, prefix in enumerate(prefixes):  # warm the cache
-        sched.add_request(offline.make_request(f"seed{g}", prefix, 0.0, block_size=BLOCK_SIZE))
-    offline.run_until_idle(sched)
-    for i in range(args.running):  # fill every running slot with long decodes
-        prompt = [7, 8, 9, i] * 4
-        sched.add_request(offline.make_request(f"dec{i}", prompt, 0.0, max_tokens=1_000_000))
-    offline.step(sched)
-    assert len(sched.running) == args.running
-    return sched
-
-
-def _waiting_requests(
-    offline: Any, n: int, prefixes: list[list[int]], pool: list[int], seed: int
-) -> list[Any]:
-    import random
-
-    rng = random.Random(seed)
-    now = time.time()
-    requests = []
-    for i in range(n):
-        prefix = prefixes[i % len(prefixes)]
-        suffix_len = rng.randint(0, SUFFIX_MAX)
-        start = rng.randint(0, len(pool) - SUFFIX_MAX - 1)
-        # the first suffix token makes each request unique, the rest is shared int objects
-        suffix = [10_000_000 + i, *pool[start : start + suffix_len]]
-        arrival = now - rng.uniform(0.0, 30.0)
-        requests.append(
-            offline.make_request(f"w{i}", prefix + suffix, arrival, block_size=BLOCK_SIZE)
-        )
-    return requests
-
-
-def _timed_step(offline: Any, sched: Any, samples: list[float]) -> None:
-    """Time `schedule()` only; answer the step with a fake model output (untimed).
-
-    CPU time of this thread (`time.thread_time`), not wall time: on a shared machine a 3 ms
-    step is often descheduled for a whole time slice, which would swamp what is measured.
+    Hashing a 16k-token prompt's blocks costs ~10 ms, so the shared prefixes are hashed once and
+    each request hashes only its own suffix; a copy for another arm reuses the hashes.
     """
+
+    def __init__(self, offline: Any, args: argparse.Namespace, n: int) -> None:
+        from vllm.v1.request import Request
+
+        self._request_cls = Request
+        self.offline = offline
+        rng = random.Random(n)
+        self.prefixes = [
+            list(range(100_000 * (g + 1), 100_000 * (g + 1) + PREFIX_TOKENS))
+            for g in range(args.prefixes)
+        ]
+        seeds = [
+            offline.make_request(f"seed{g}", p, 0.0, block_size=BLOCK_SIZE)
+            for g, p in enumerate(self.prefixes)
+        ]
+        self.hasher = seeds[0]._block_hasher  # vLLM internal: Request._block_hasher
+        self.seeds = seeds
+        pool = list(range(1_000_000, 1_000_000 + 4 * SUFFIX_MAX))
+        now = time.time()
+        self.templates = []
+        for i in range(n + args.steps * 4):
+            g = i % len(self.prefixes)
+            suffix_len = rng.randint(0, SUFFIX_MAX)
+            start = rng.randint(0, len(pool) - SUFFIX_MAX - 1)
+            # the first suffix token makes each request unique, the rest is shared int objects
+            suffix = [10_000_000 + i, *pool[start : start + suffix_len]]
+            arrival = now - rng.uniform(0, 30)
+            prompt = self.prefixes[g] + suffix
+            self.templates.append(self._new(f"w{i}", prompt, arrival, hashes=seeds[g].block_hashes))
+        self.num_waiting = n
+
+    def _new(
+        self,
+        request_id: str,
+        prompt: list[int],
+        arrival: float,
+        max_tokens: int = 1,
+        hashes: Sequence[Any] = (),
+    ) -> Any:
+        """A Request whose block hashes start from `hashes` (a hashed prefix of `prompt`)."""
+        from vllm.sampling_params import SamplingParams
+
+        request = self._request_cls(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            pooling_params=None,
+            arrival_time=arrival,
+        )
+        request.block_hashes = list(hashes)  # vLLM internal: Request.block_hashes
+        request._block_hasher = self.hasher  # vLLM internal: Request._block_hasher
+        request.update_block_hashes()  # hashes the blocks after `hashes` only
+        return request
+
+    def copy(self, template: Any, request_id: str, arrival: float | None = None) -> Any:
+        """A fresh Request with the template's prompt and block hashes."""
+        return self._new(
+            request_id,
+            template.prompt_token_ids,  # never mutated by vLLM; the token list is copied
+            template.arrival_time if arrival is None else arrival,
+            hashes=template.block_hashes,  # vLLM internal: Request.block_hashes
+        )
+
+    def scheduler(self, arm: str, *, max_num_seqs: int, budget: int, fill: bool) -> Any:
+        """A scheduler with the prefixes cached; `fill`: every running slot decoding."""
+        offline = self.offline
+        num_blocks = len(self.prefixes) * (PREFIX_TOKENS // BLOCK_SIZE) + max_num_seqs * 1_100
+        sched = offline.make_offline_scheduler(
+            None if arm == "vllm" else arm,
+            num_blocks=num_blocks + 4_096,
+            block_size=BLOCK_SIZE,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            max_model_len=PREFIX_TOKENS + SUFFIX_MAX + 64,
+        )
+        for seed in self.seeds:  # warm the cache
+            sched.add_request(self.copy(seed, seed.request_id))
+        offline.run_until_idle(sched)
+        if fill:
+            for i in range(max_num_seqs):  # fill every running slot with long decodes
+                prompt = [7, 8, 9, i] * 4
+                sched.add_request(self._new(f"dec{i}", prompt, 0.0, max_tokens=1_000_000))
+            offline.step(sched)
+            assert len(sched.running) == max_num_seqs
+        return sched
+
+
+def _timed_step(offline: Any, sched: Any) -> tuple[float, int, float | None]:
+    """CPU seconds of `schedule()`, the requests it admitted, and Fairway's pre-pass seconds in
+    it (wall time, as `fairway:prepass_seconds` observes it; None: no pre-pass ran)."""
+    totals = getattr(sched, "fairway_totals", None)
+    before = (totals.prepass_total_s, totals.prepass_count) if totals is not None else None
     start = time.thread_time()
     out = sched.schedule()
-    samples.append(time.thread_time() - start)
+    elapsed = time.thread_time() - start
+    prepass = None
+    if before is not None and totals.prepass_count > before[1]:
+        prepass = totals.prepass_total_s - before[0]
     sched.update_from_output(out, offline.fake_model_output(sched, out))
-    assert not out.scheduled_new_reqs, "a measured step must not admit anything"
+    return elapsed, len(out.scheduled_new_reqs), prepass
+
+
+def _unprobed(sched: Any) -> int:
+    """Waiting requests Fairway has not looked up yet (0 for vLLM's own scheduler)."""
+    memo = getattr(sched, "fairway_probe", None)
+    return getattr(memo, "num_unprobed", 0) if memo is not None else 0
+
+
+def _result(
+    arm: str, kind: str, n: int, samples: list[float], prepass: Sequence[float | None] = ()
+) -> ArmResult:
+    ms = [s * 1e3 for s in samples]
+    p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) >= 2 else ms[0]
+    ran = [p * 1e3 for p in prepass if p is not None]
+    return ArmResult(
+        arm, kind, n, statistics.median(ms), p90, statistics.median(ran) if ran else None, ms
+    )
+
+
+def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> list[ArmResult]:
+    """No slot free: nothing can be admitted. Same Request objects in every arm."""
+    scheds = {
+        arm: work.scheduler(arm, max_num_seqs=args.running, budget=16_384, fill=True)
+        for arm in arms
+    }
+    waiting = work.templates[: work.num_waiting]
+    for sched in scheds.values():
+        work.offline.add_requests(sched, waiting)
+    samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    prepass: dict[str, list[float | None]] = {arm: [] for arm in arms}
+    for arm in arms:  # the first steps see every request new: that is the "burst" kind
+        _timed_step(work.offline, scheds[arm])
+        while _unprobed(scheds[arm]):
+            _timed_step(work.offline, scheds[arm])
+    for _ in range(args.rounds):
+        for arm in arms:
+            for _ in range(args.steps // args.rounds):
+                elapsed, admitted, spent = _timed_step(work.offline, scheds[arm])
+                assert not admitted, "a full step must not admit anything"
+                samples[arm].append(elapsed)
+                prepass[arm].append(spent)
+    for arm, sched in scheds.items():
+        if arm != "vllm":
+            assert sched.fairway_totals.policy_fallbacks == 0
+    return [_result(arm, "full", work.num_waiting, samples[arm], prepass[arm]) for arm in arms]
+
+
+def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult]:
+    """A prefill node: steps that admit ("admit") and steps whose budget is taken ("busy")."""
+    offline = work.offline
+    sched = work.scheduler(arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False)
+    templates = work.templates
+    offline.add_requests(
+        sched, [work.copy(t, f"{arm}-{k}") for k, t in enumerate(templates[: work.num_waiting])]
+    )
+    next_k = work.num_waiting
+    admit: list[float] = []
+    busy: list[float] = []
+    spent_on: dict[str, list[float | None]] = {"admit": [], "busy": []}
+    step_no = 0
+    while step_no < args.warmup + args.steps:
+        elapsed, admitted, spent = _timed_step(offline, sched)
+        if step_no < args.warmup and _unprobed(sched):
+            step_no = 0  # warm up until the probe has seen every waiting request
+        arrivals = []
+        for _ in range(admitted):  # as many arrive as were admitted: the queue stays at N
+            template = templates[next_k % len(templates)]
+            arrivals.append(work.copy(template, f"{arm}-{next_k}", time.time()))
+            next_k += 1
+        start = time.thread_time()
+        offline.add_requests(sched, arrivals)  # timed too: Fairway registers them here
+        elapsed += time.thread_time() - start
+        if step_no >= args.warmup:
+            (admit if admitted else busy).append(elapsed)
+            spent_on["admit" if admitted else "busy"].append(spent)
+        step_no += 1
+    if arm != "vllm":
+        assert sched.fairway_totals.policy_fallbacks == 0
+    results = []
+    if admit:
+        results.append(_result(arm, "admit", work.num_waiting, admit, spent_on["admit"]))
+    if busy:
+        results.append(_result(arm, "busy", work.num_waiting, busy, spent_on["busy"]))
+    return results
+
+
+def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult]:
+    """N requests arrive at once on a prefill node: their `add_request` calls and the next step.
+
+    A fresh scheduler each time; `add_request` is timed too, since Fairway registers a new request
+    there (vLLM's own `add_request` is in the baseline's time as well).
+    """
+    samples: list[float] = []
+    prepass: list[float | None] = []
+    for b in range(args.bursts):
+        sched = work.scheduler(arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False)
+        burst = [
+            work.copy(t, f"{arm}-b{b}-{k}")
+            for k, t in enumerate(work.templates[: work.num_waiting])
+        ]
+        gc.collect()
+        start = time.thread_time()
+        work.offline.add_requests(sched, burst)
+        added = time.thread_time() - start
+        elapsed, _, spent = _timed_step(work.offline, sched)
+        samples.append(added + elapsed)
+        prepass.append(spent)
+        del sched, burst
+    return [_result(arm, "burst", work.num_waiting, samples, prepass)]
+
+
+def memory_per_request(work: Workload, policy: str, args: argparse.Namespace) -> float:
+    """Bytes Fairway holds per waiting request after a few steps (tracemalloc, fairway/ files)."""
+    sched = work.scheduler(policy, max_num_seqs=args.running, budget=16_384, fill=True)
+    gc.collect()
+    tracemalloc.start(1)
+    snap0 = tracemalloc.take_snapshot()
+    work.offline.add_requests(sched, work.templates[: work.num_waiting])  # Fairway registers here
+    for _ in range(3):
+        _timed_step(work.offline, sched)
+    gc.collect()
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    ours = os.sep + "fairway" + os.sep
+    filters = [tracemalloc.Filter(True, f"*{ours}*")]
+    diff = snap1.filter_traces(filters).compare_to(snap0.filter_traces(filters), "filename")
+    kept = sum(stat.size_diff for stat in diff)
+    return kept / work.num_waiting
 
 
 def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
-    """Measure every arm at queue size `n`."""
-    pool = list(range(1_000_000, 1_000_000 + 4 * SUFFIX_MAX))
-    prefixes = [
-        list(range(100_000 * (g + 1), 100_000 * (g + 1) + PREFIX_TOKENS))
-        for g in range(args.prefixes)
-    ]
+    """Measure every arm and kind at queue size `n`."""
+    print(f"building {n} waiting requests ...", file=sys.stderr, flush=True)
+    work = Workload(offline, args, n)
     arms = ["vllm", *args.policies]
-    scheds = {arm: _build_arm(offline, arm, args, prefixes) for arm in arms}
-    waiting = _waiting_requests(offline, n, prefixes, pool, seed=n)
-    order_times = {arm: _timed_policy(s) for arm, s in scheds.items() if arm != "vllm"}
-    for sched in scheds.values():
-        offline.add_requests(sched, waiting)
-    samples: dict[str, list[float]] = {arm: [] for arm in arms}
     gc.collect()
     gc.disable()  # a collection inside one arm's timing would be charged to that arm only
     try:
-        for arm in arms:  # the cold first step: full lookups for every waiting request
-            _timed_step(offline, scheds[arm], samples[arm])
-        # Arms take turns in blocks of steps: machine noise hits all of them alike, while each
-        # arm's data stays as warm in the CPU caches as in a server running one scheduler.
-        for _ in range(args.rounds):
-            for arm in arms:
-                for _ in range(args.steps // args.rounds):
-                    _timed_step(offline, scheds[arm], samples[arm])
+        results = []
+        if "full" in args.kinds:
+            print(f"measuring {n}: full steps", file=sys.stderr, flush=True)
+            results += full_steps(work, arms, args)
+        for arm in arms:
+            print(f"measuring {n}: {arm} prefill steps and bursts", file=sys.stderr, flush=True)
+            if {"admit", "busy"} & set(args.kinds):
+                results += prefill_steps(work, arm, args)
+                gc.collect()
+            if "burst" in args.kinds:
+                results += bursts(work, arm, args)
+                gc.collect()
     finally:
         gc.enable()
-    results = []
-    for arm in arms:
-        cold, warm = samples[arm][0], samples[arm][1:]
-        policy_ms = None
-        if arm in order_times:
-            policy_ms = statistics.median(order_times[arm][1:]) * 1e3
-            assert scheds[arm].fairway_totals.policy_fallbacks == 0
-        results.append(
-            ArmResult(
-                arm=arm,
-                waiting=n,
-                median_ms=statistics.median(warm) * 1e3,
-                p90_ms=statistics.quantiles(warm, n=10)[-1] * 1e3,
-                cold_ms=cold * 1e3,
-                policy_order_ms=policy_ms,
-                samples_ms=[s * 1e3 for s in warm],
-            )
-        )
     return results
 
 
 def markdown(results: list[ArmResult]) -> str:
-    """The table: per size and arm, median step, added time over vLLM and ratio."""
-    base = {r.waiting: r.median_ms for r in results if r.arm == "vllm"}
+    """One row per size, kind and arm: median and p90, added over vLLM's median, ratio."""
+    base = {(r.waiting, r.kind): r for r in results if r.arm == "vllm"}
     lines = [
-        "| waiting | scheduler | median schedule() ms (CPU) | p90 ms | added ms | ratio | "
-        "of which policy.order ms | cold first step ms |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | "
+        "added p90 ms | ratio | pre-pass median ms |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
-        added = r.median_ms - base[r.waiting]
+    for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind))):
+        b = base.get((r.waiting, r.kind))
         arm = "vLLM Scheduler" if r.arm == "vllm" else f"Fairway ({r.arm})"
-        policy = f"{r.policy_order_ms:.3f}" if r.policy_order_ms is not None else "-"
+        if b is None or r.arm == "vllm":
+            added = added_p90 = "-"
+        else:
+            added, added_p90 = f"{r.median_ms - b.median_ms:+.3f}", f"{r.p90_ms - b.p90_ms:+.3f}"
+        ratio = f"{r.median_ms / b.median_ms:.2f}" if b is not None else "-"
+        prepass = f"{r.prepass_ms:.3f}" if r.prepass_ms is not None else "-"
         lines.append(
-            f"| {r.waiting:,} | {arm} | {r.median_ms:.3f} | {r.p90_ms:.3f} | "
-            f"{added if r.arm != 'vllm' else 0:+.3f} | {r.median_ms / base[r.waiting]:.2f} | "
-            f"{policy} | {r.cold_ms:.1f} |"
+            f"| {r.waiting:,} | {r.kind} | {arm} | {r.median_ms:.3f} | {r.p90_ms:.3f} | "
+            f"{added} | {added_p90} | {ratio} | {prepass} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1_000, 5_000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1_000, 10_000])
     parser.add_argument("--policies", nargs="+", default=["fairway", "lpm"])
-    parser.add_argument("--steps", type=int, default=40, help="measured steps per arm")
-    parser.add_argument("--rounds", type=int, default=4, help="turns each arm takes")
-    parser.add_argument("--running", type=int, default=16, help="decoding requests (max_num_seqs)")
+    parser.add_argument(
+        "--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="what to measure"
+    )
+    parser.add_argument("--steps", type=int, default=40, help="measured steps per arm and kind")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed prefill steps first")
+    parser.add_argument("--rounds", type=int, default=4, help="turns each arm takes (full steps)")
+    parser.add_argument("--bursts", type=int, default=3, help="bursts per arm and size")
+    parser.add_argument("--running", type=int, default=16, help="max_num_seqs")
     parser.add_argument("--prefixes", type=int, default=40, help="shared cached prefixes")
+    parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
+    if min(args.sizes) < 1 or args.steps < args.rounds or args.bursts < 1:
+        parser.error("--sizes must be >= 1, --steps >= --rounds, --bursts >= 1")
 
     from fairway.vllm import offline
 
+    started = time.perf_counter()
     results: list[ArmResult] = []
     for n in args.sizes:
-        print(f"measuring {n} waiting requests ...", file=sys.stderr, flush=True)
         results += run_size(offline, n, args)
+    memory: dict[str, float] = {}
+    small = [n for n in args.sizes if n <= 1_000]
+    if not args.no_memory and small:
+        work = Workload(offline, args, max(small))
+        for policy in args.policies:
+            memory[policy] = memory_per_request(work, policy, args)
     table = markdown(results)
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    took = time.perf_counter() - started
+    print(f"Python {platform.python_version()} on {machine}; {took:.0f} s\n")
     print(table)
+    for policy, size in memory.items():
+        print(f"\nFairway ({policy}) keeps {size:,.0f} bytes per waiting request.")
     report = {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
         "block_size": BLOCK_SIZE,
         "prompt_tokens": [PREFIX_TOKENS, PREFIX_TOKENS + SUFFIX_MAX],
+        "machine": machine,
         "results": [asdict(r) for r in results],
+        "memory_bytes_per_waiting_request": memory,
         "markdown": table,
     }
     if args.json:

@@ -28,7 +28,6 @@ from fairway.cli.vllm_argv import (
     bool_flag,
     check_vllm_cli,
     flag_value,
-    is_cpu_build,
     remove_flag,
     run_server,
     vllm_launcher,
@@ -37,11 +36,12 @@ from fairway.errors import FairwayConfigError
 
 SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayScheduler"
 ASYNC_SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayAsyncScheduler"
-#: Values of `--scheduler-cls` a user may pass themselves (the same two classes).
+#: Values of `--scheduler-cls` a user may pass themselves: True for the async-only class, None for
+#: FairwayScheduler, which follows the engine's async-scheduling setting.
 _OUR_CLASSES = {
-    SCHEDULER_CLS: False,
+    SCHEDULER_CLS: None,
     ASYNC_SCHEDULER_CLS: True,
-    "fairway.vllm.FairwayScheduler": False,
+    "fairway.vllm.FairwayScheduler": None,
     "fairway.vllm.FairwayAsyncScheduler": True,
 }
 #: Environment variable that routes `fairway:` metrics to the API server's /metrics (see
@@ -56,8 +56,8 @@ def register(subparsers: Any) -> None:
     serve = subparsers.add_parser(
         "serve",
         help="run `vllm serve` with Fairway's scheduler",
-        description="Run `vllm serve MODEL` with --scheduler-cls FairwayScheduler (or "
-        "FairwayAsyncScheduler with --async-scheduling), --scheduling-policy fcfs, "
+        description="Run `vllm serve MODEL` with --scheduler-cls FairwayScheduler (it follows "
+        "vLLM's async-scheduling setting), --scheduling-policy fcfs, "
         "--enable-prefix-caching and Fairway's options in --additional-config. Fairway's options "
         "are checked before vLLM starts. Any other argument is passed to vLLM unchanged "
         "(see `vllm serve --help`). FAIRWAY_<KEY> environment variables override every option; "
@@ -198,7 +198,6 @@ def plan_serve(
         if options.sources[key].startswith("FAIRWAY_")
     ]
     engine_flags = [*_scheduler_flags(vllm_args), *_queue_flags(vllm_args, options)]
-    warnings += _async_warning(vllm_args)
     additional = {**additional, "fairway": section}
     argv = [
         *(vllm_launcher() if launcher is None else launcher),
@@ -279,37 +278,21 @@ def _profile_warning(options: Any) -> list[str]:
 
 
 def _scheduler_flags(vllm_args: list[str]) -> list[str]:
-    """Fairway's scheduler class: async iff --async-scheduling; a user's own class must be ours."""
+    """Fairway's scheduler class (it follows vLLM's async setting); a user's own must be ours."""
     user_cls = flag_value(vllm_args, "scheduler-cls")
-    use_async = bool(bool_flag(vllm_args, "async-scheduling"))
     if user_cls is None:
-        return ["--scheduler-cls", ASYNC_SCHEDULER_CLS if use_async else SCHEDULER_CLS]
+        return ["--scheduler-cls", SCHEDULER_CLS]
     if user_cls not in _OUR_CLASSES:
         raise FairwayConfigError(
-            f"--scheduler-cls {user_cls}: `fairway serve` runs Fairway's scheduler ("
-            f"{SCHEDULER_CLS}, or {ASYNC_SCHEDULER_CLS} with --async-scheduling); use `vllm "
-            "serve` for another class"
+            f"--scheduler-cls {user_cls}: `fairway serve` runs Fairway's scheduler "
+            f"({SCHEDULER_CLS}); use `vllm serve` for another class"
         )
-    if _OUR_CLASSES[user_cls] != use_async:
-        wanted = ASYNC_SCHEDULER_CLS if use_async else SCHEDULER_CLS
+    if _OUR_CLASSES[user_cls] and not bool_flag(vllm_args, "async-scheduling"):
         raise FairwayConfigError(
-            f"--scheduler-cls {user_cls} does not match the scheduling mode "
-            f"({'--async-scheduling' if use_async else 'synchronous'}): use {wanted}, or leave "
-            "--scheduler-cls out and `fairway serve` picks it"
+            f"--scheduler-cls {user_cls} needs --async-scheduling: use {SCHEDULER_CLS} (it "
+            "follows vLLM's async-scheduling setting), or leave --scheduler-cls out"
         )
     return []  # the user's flag stays in vllm_args
-
-
-def _async_warning(vllm_args: list[str]) -> list[str]:
-    """On GPUs vLLM turns async scheduling on by default; the sync class then loses the overlap."""
-    if bool_flag(vllm_args, "async-scheduling") is not None or is_cpu_build():
-        return []
-    return [
-        "neither --async-scheduling nor --no-async-scheduling given: using FairwayScheduler "
-        "(synchronous). vLLM enables async scheduling by default on GPUs, and a synchronous "
-        "scheduler class then loses the CPU/GPU overlap; pass --async-scheduling to use "
-        "FairwayAsyncScheduler."
-    ]
 
 
 def _queue_flags(vllm_args: list[str], options: Any) -> list[str]:

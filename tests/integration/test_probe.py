@@ -68,21 +68,28 @@ def test_hit_shrinks_as_the_prefix_is_evicted(offline, helpers):
     assert sched.fairway_probe.num_full_lookups >= 10  # every eviction forced a re-lookup
 
 
-def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
-    """Shared prefixes, a small cache (evictions) and arrivals over time."""
-    rng = random.Random(7)
+def _random_workload(offline, helpers, policy, seed):
+    """Shared prefixes, a small cache (evictions), arrivals over time; yields before each step."""
+    rng = random.Random(seed)
     sched = offline.make_offline_scheduler(
-        "fcfs", num_blocks=120, max_num_batched_tokens=128, max_num_seqs=6
+        policy, num_blocks=120, max_num_batched_tokens=128, max_num_seqs=6
     )
     prefixes = [helpers.tokens(10_000 * (g + 1), 16 * rng.randint(4, 30)) for g in range(4)]
-    grew = shrank = 0
-    last: dict[str, int] = {}
     n = 0
     for step_no in range(150):
         for _ in range(rng.choice((0, 0, 0, 1, 3))):
             prompt = rng.choice(prefixes) + helpers.tokens(500_000 + 1_000 * n, rng.randint(1, 300))
             sched.add_request(offline.make_request(f"r{n}", prompt, float(step_no)))
             n += 1
+        yield sched, n
+        offline.step(sched)
+        helpers.check_queues(sched)
+
+
+def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
+    grew = shrank = 0
+    last: dict[str, int] = {}
+    for sched, _ in _random_workload(offline, helpers, "fcfs", seed=7):
         for request in list(sched.waiting):
             incremental, fresh, computed = _lookups(sched, request)
             assert incremental == fresh == computed, request.request_id
@@ -90,8 +97,6 @@ def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
             grew += previous is not None and incremental > previous
             shrank += previous is not None and incremental < previous
             last[request.request_id] = incremental
-        offline.step(sched)
-        helpers.check_queues(sched)
     assert grew and shrank, (grew, shrank)  # both kinds of change were exercised
 
 
@@ -138,3 +143,108 @@ def test_probe_is_capped_at_num_tokens_minus_one(offline, helpers):
     again = offline.make_request("B", prompt, 2.0)
     assert sched.fairway_probe.cached_tokens(again) == 48  # 3 blocks: the last token recomputed
     assert sched.fairway_probe.fresh_cached_tokens(again) == 48
+
+
+def _columns_hits(sched) -> dict[str, int]:
+    """request id -> h as the policy sees it now (the batch path: snapshot's columns)."""
+    snap = sched.fairway_probe.snapshot(list(sched.waiting))
+    return dict(zip(snap.columns.request_ids, snap.columns.cached_tokens.tolist(), strict=True))
+
+
+def test_batch_checks_equal_fresh_lookups_on_a_random_workload(offline, helpers):
+    """The whole-queue set checks (growth, eviction) against vLLM's own lookup, every step."""
+    added = 0
+    for sched, added in _random_workload(offline, helpers, "lpm", seed=11):  # noqa: B007
+        probe = sched.fairway_probe
+        for request_id, hit in _columns_hits(sched).items():
+            assert hit == probe.fresh_cached_tokens(sched.requests[request_id]), request_id
+    assert probe.num_extensions and probe.num_full_lookups > added  # grew, and re-looked-up
+
+
+def _full_node(offline, helpers, policy="lpm", num_waiting=10):
+    """Both slots decode for a long time; `num_waiting` requests with distinct hits wait."""
+    sched = offline.make_offline_scheduler(
+        policy, num_blocks=400, max_num_batched_tokens=256, max_num_seqs=2
+    )
+    prefix = helpers.tokens(1, 320)  # 20 blocks
+    sched.add_request(offline.make_request("P", prefix, 0.0))
+    offline.run_until_idle(sched)
+    for i in range(2):
+        prompt = helpers.tokens(9_000 + 100 * i, 16)
+        sched.add_request(offline.make_request(f"R{i}", prompt, 0.5, max_tokens=300))
+    offline.step(sched)
+    assert len(sched.running) == 2
+    waiting = [  # oldest has the shortest hit: LPM puts the youngest first
+        offline.make_request(
+            f"W{i}", prefix[: 16 * (i + 1)] + helpers.tokens(7_000 + i, 8), 1.0 + i
+        )
+        for i in range(num_waiting)
+    ]
+    offline.add_requests(sched, waiting)
+    return sched, waiting
+
+
+def test_a_burst_is_probed_oldest_first_within_the_budget(offline, helpers):
+    """Rule: at most `probe_budget` new requests are looked up per step, oldest first; one not
+    looked up yet counts as a miss (h = 0). The order is exact after ceil(burst / budget) steps."""
+    sched, waiting = _full_node(offline, helpers)
+    probe = sched.fairway_probe
+    probe.probe_budget = 3
+    assert probe.num_unprobed == 10
+    for step_no in range(1, 5):
+        offline.step(sched)  # no slot free: the ordering is skipped, the probe advances
+        assert probe.num_unprobed == max(10 - 3 * step_no, 0)
+        for i, request in enumerate(waiting):
+            exact = probe.fresh_cached_tokens(request)
+            assert exact == 16 * (i + 1)
+            probed = i < 3 * step_no  # arrival time i: oldest first
+            assert probe.known_cached_tokens(request) == (exact if probed else None)
+    assert sched.fairway_steps_skipped == 4
+
+
+def test_the_first_ordered_step_after_a_burst_is_exact_within_budget(offline, helpers):
+    """A burst no larger than the budget is ordered exactly at once (LPM: longest hit first)."""
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=400, max_num_batched_tokens=32, max_num_seqs=4
+    )
+    prefix = helpers.tokens(1, 320)
+    sched.add_request(offline.make_request("P", prefix, 0.0))
+    offline.run_until_idle(sched)
+    for i in range(8):
+        prompt = prefix[: 16 * (i + 1)] + helpers.tokens(7_000 + 100 * i, 40)
+        sched.add_request(offline.make_request(f"W{i}", prompt, 1.0 + i))
+    out, _ = offline.step(sched)
+    assert list(out.num_scheduled_tokens) == ["W7"]  # the longest hit, though the youngest
+    views = sched.fairway_last_views
+    assert [views[i].request_id for i in sched.fairway_last_order] == [
+        f"W{i}" for i in range(7, -1, -1)
+    ]
+    for view in [v for v in views if v.request_id != "W7"]:  # W7 computed blocks since
+        fresh = sched.fairway_probe.fresh_cached_tokens(sched.requests[view.request_id])
+        assert view.cached_tokens == fresh
+
+
+def test_a_full_node_keeps_the_last_order_and_orders_when_a_slot_frees(offline, helpers):
+    sched, waiting = _full_node(offline, helpers, num_waiting=4)
+    ordered = sched.fairway_totals.steps_ordered
+    offline.step(sched)
+    assert helpers.queue_ids(sched) == ["W0", "W1", "W2", "W3"]  # arrival order, not re-sorted
+    assert sched.fairway_totals.steps_ordered == ordered
+    steps = 0
+    while sched.fairway_totals.steps_ordered == ordered and steps < 400:
+        offline.step(sched)
+        steps += 1
+    assert sched.fairway_totals.steps_ordered == ordered + 1  # R0/R1 finished: a slot is free
+    views = sched.fairway_last_views
+    assert [views[i].request_id for i in sched.fairway_last_order][:1] == ["W3"]
+
+
+def test_reset_prefix_cache_forgets_every_hit(offline, helpers):
+    sched = offline.make_offline_scheduler("lpm", num_blocks=200, max_num_seqs=1)
+    prefix = helpers.tokens(1, 160)
+    sched.add_request(offline.make_request("P", prefix, 0.0))
+    offline.run_until_idle(sched)
+    w = offline.make_request("W", prefix + helpers.tokens(5_000, 20), 1.0)
+    assert sched.fairway_probe.cached_tokens(w) == 160
+    assert sched.kv_cache_manager.reset_prefix_cache()
+    assert sched.fairway_probe.cached_tokens(w) == 0 == sched.fairway_probe.fresh_cached_tokens(w)

@@ -28,6 +28,11 @@ def _spy(base):
             after = [r.request_id for r in self.waiting]
             assert Counter(after) == Counter(before), "re-sort must permute the queue"
             assert len(set(after)) == len(after), "no request twice in the queue"
+            if placed is not None:  # the policy saw exactly what vLLM's own lookup finds now
+                probe = self.fairway_probe
+                for view in self.fairway_last_views:
+                    fresh = probe.fresh_cached_tokens(self.requests[view.request_id])
+                    assert view.cached_tokens == fresh, view
             self.spy_steps += 1
             return placed
 

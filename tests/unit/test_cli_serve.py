@@ -86,18 +86,17 @@ def test_flags_before_the_model_work_too():
     assert additional_config(argv)["fairway"] == {"policy": "fcfs"}
 
 
-def test_async_scheduling_picks_the_async_class():
-    argv = argv_of("m", "--async-scheduling")
+def test_the_class_follows_the_engine_whatever_the_async_flag():
+    for flags in ((), ("--async-scheduling",), ("--no-async-scheduling",)):
+        assert flag_value(argv_of("m", *flags), "scheduler-cls") == SCHEDULER_CLS
+        assert not any("async" in w for w in plan("m", *flags).warnings)
+
+
+def test_the_explicit_async_class_needs_async_scheduling():
+    argv = argv_of("m", "--async-scheduling", "--scheduler-cls", ASYNC_SCHEDULER_CLS)
     assert flag_value(argv, "scheduler-cls") == ASYNC_SCHEDULER_CLS
-    assert flag_value(argv_of("m", "--no-async-scheduling"), "scheduler-cls") == SCHEDULER_CLS
-
-
-def test_sync_class_on_a_gpu_build_warns_unless_the_mode_is_explicit(monkeypatch):
-    monkeypatch.setattr(serve, "is_cpu_build", lambda: False)
-    assert any("--async-scheduling" in w for w in plan("m").warnings)
-    assert not any("async" in w for w in plan("m", "--no-async-scheduling").warnings)
-    monkeypatch.setattr(serve, "is_cpu_build", lambda: True)
-    assert not any("async" in w for w in plan("m").warnings)
+    with pytest.raises(FairwayConfigError, match="needs --async-scheduling"):
+        argv_of("m", "--scheduler-cls", ASYNC_SCHEDULER_CLS)
 
 
 def test_policy_args_and_options_are_json_scalars():
@@ -232,7 +231,7 @@ def test_fairway_variables_that_are_not_options_are_allowed():
         (["--scheduling-policy", "priority"], "--scheduling-policy priority"),
         (["--no-enable-prefix-caching"], "needs prefix caching"),
         (["--scheduler-cls", "my.Scheduler"], "use `vllm serve` for another class"),
-        (["--scheduler-cls", ASYNC_SCHEDULER_CLS], "does not match the scheduling mode"),
+        (["--scheduler-cls", ASYNC_SCHEDULER_CLS], "needs --async-scheduling"),
         (["--additional-config", "{bad"], "--additional-config is not valid JSON"),
         (["--additional-config", "[1]"], "must be a JSON object"),
         (["--additional-config", '{"fairway": 3}'], "'fairway' must be a JSON object"),

@@ -1,0 +1,135 @@
+"""The waiting queue as numpy columns: the fast path of `Policy.order`. Must not import vllm.
+
+Building a `QueuedRequest` per waiting request and sorting them in Python costs ~1-3 us per
+request and step, which is milliseconds at 1,000+ waiting requests. The scheduler therefore keeps
+the queue's fields in numpy arrays (arrival and L never change while a request waits, h only when
+the cache does) and hands a policy that defines `order_columns(cols, now)` these columns instead.
+A policy without it gets `cols.views()`, the same queue as `QueuedRequest`s, so every policy keeps
+working; the two paths must give the same order (tests/unit/test_columns.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fairway.policies.base import QueuedRequest
+
+
+@dataclass(slots=True)
+class QueueColumns:
+    """One step's orderable queue, row i describing the request at queue position i.
+
+    Attributes:
+        arrival: float64 seconds, on the clock of `now`.
+        prompt_tokens: int64 L (prompt + output so far for a preempted request).
+        cached_tokens: int64 h, block-granular, <= L (0 while a request is not yet probed).
+        keys: intp, a small integer per request, stable while it waits and unique within the
+            queue; reused after the request leaves. Policies keep per-request state in arrays
+            indexed by it (k-LPM's rank, say) instead of dicts keyed by request id.
+        new: bool, True for a request this policy has not been given before (its key's state is
+            stale and must be initialised).
+    """
+
+    arrival: np.ndarray
+    prompt_tokens: np.ndarray
+    cached_tokens: np.ndarray
+    keys: np.ndarray
+    new: np.ndarray
+    #: `rows -> their request ids` (read only for the rows a policy asks about).
+    ids_source: Callable[[Any], list[str]] = field(repr=False, default=lambda rows: [])
+    _ids: list[str] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    @property
+    def request_ids(self) -> list[str]:
+        """Request ids in row order (built on first use)."""
+        if self._ids is None:
+            self._ids = self.ids_source(slice(None))
+        return self._ids
+
+    def ids_of(self, rows: Any) -> list[str]:
+        """Request ids of these rows (a sequence of indices), without building all of them."""
+        if self._ids is not None:
+            return [self._ids[i] for i in rows]
+        return self.ids_source(np.asarray(rows, dtype=np.intp))
+
+    @property
+    def remaining(self) -> np.ndarray:
+        """Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64."""
+        return np.maximum(self.prompt_tokens - self.cached_tokens, 1).astype(np.float64)
+
+    def views(self) -> list[QueuedRequest]:
+        """The same queue as `QueuedRequest`s (the path for policies without columns)."""
+        return list(
+            map(
+                QueuedRequest,
+                self.request_ids,
+                self.arrival.tolist(),
+                self.prompt_tokens.tolist(),
+                self.cached_tokens.tolist(),
+            )
+        )
+
+    @classmethod
+    def of(cls, queue: Sequence[QueuedRequest], keys: Sequence[int] | None = None) -> QueueColumns:
+        """Columns of a list of views (tests, the replay); `keys` default to the positions."""
+        n = len(queue)
+        ids = [r.request_id for r in queue]
+        return cls(
+            arrival=np.fromiter((r.arrival for r in queue), np.float64, n),
+            prompt_tokens=np.fromiter((r.prompt_tokens for r in queue), np.int64, n),
+            cached_tokens=np.fromiter((r.cached_tokens for r in queue), np.int64, n),
+            keys=np.arange(n, dtype=np.intp) if keys is None else np.asarray(keys, np.intp),
+            new=np.ones(n, dtype=bool),
+            ids_source=lambda rows: np.asarray(ids, dtype=object)[rows].tolist(),
+        )
+
+
+def order_of(policy: Any, cols: QueueColumns, now: float) -> Any:
+    """`policy.order_columns(cols, now)` if the policy has it, else `policy.order(views, now)`."""
+    fast = getattr(policy, "order_columns", None)
+    if fast is not None:
+        return fast(cols, now)
+    return policy.order(cols.views(), now)
+
+
+def check_permutation(order: Any, n: int) -> np.ndarray:
+    """`order` as an intp array if it is a permutation of range(n), else ValueError."""
+    arr = np.asarray(order)
+    if arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):
+        raise ValueError(f"expected {n} integer indices, got shape {arr.shape} of {arr.dtype}")
+    if n == 0:
+        return arr.astype(np.intp)
+    if arr.min() < 0 or arr.max() >= n:
+        raise ValueError(f"indices out of range({n})")
+    seen = np.zeros(n, dtype=bool)
+    seen[arr] = True
+    if not seen.all():
+        raise ValueError("an index appears twice")
+    return arr.astype(np.intp, copy=False)
+
+
+class KeyedState:
+    """A per-request int64 array a policy indexes by `QueueColumns.keys` (grows as needed)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values = np.zeros(0, dtype=np.int64)
+
+    def view(self, keys: np.ndarray) -> np.ndarray:
+        """Values of these keys (a copy), after growing the array to hold every key."""
+        if len(keys) and keys.max() >= len(self.values):
+            grown = np.zeros(max(2 * len(self.values), int(keys.max()) + 1, 64), np.int64)
+            grown[: len(self.values)] = self.values
+            self.values = grown
+        return self.values[keys]
+
+    def store(self, keys: np.ndarray, values: np.ndarray) -> None:
+        self.values[keys] = values

@@ -1,0 +1,164 @@
+"""The numpy-column path of the policies gives the same order as the `QueuedRequest` path."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairway.policies import QueuedRequest, get, names
+from fairway.policies.columns import KeyedState, QueueColumns, check_permutation, order_of
+
+
+class _Keys:
+    """Keys as the scheduler's probe hands them out: stable while waiting, reused after."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, int] = {}
+        self.free: list[int] = []
+        self.given: set[str] = set()
+        self.next = 0
+
+    def columns(self, queue: list[QueuedRequest]) -> QueueColumns:
+        waiting = {r.request_id for r in queue}
+        for rid in [rid for rid in self.of if rid not in waiting]:
+            self.free.append(self.of.pop(rid))
+            self.given.discard(rid)
+        keys = []
+        for r in queue:
+            if r.request_id not in self.of:
+                self.of[r.request_id] = self.free.pop() if self.free else self._new()
+            keys.append(self.of[r.request_id])
+        cols = QueueColumns.of(queue, keys)
+        cols.new = np.array([r.request_id not in self.given for r in queue], dtype=bool)
+        self.given |= waiting
+        return cols
+
+    def _new(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+
+def _evolve(rng: random.Random, queue: list[QueuedRequest], n: int) -> list[QueuedRequest]:
+    """One step: some leave, hits change, some arrive (at the end, newest), order shuffled a bit."""
+    kept = [r for r in queue if rng.random() > 0.2]
+    changed = []
+    for r in kept:
+        if rng.random() < 0.3:
+            r = QueuedRequest(r.request_id, r.arrival, r.prompt_tokens, rng.choice((0, 16, 32)))
+        changed.append(r)
+    for k in range(rng.randint(0, 4)):
+        prompt = rng.randint(40, 400)
+        cached = rng.choice((0, 16, 32))
+        changed.append(QueuedRequest(f"n{n}-{k}", float(rng.randint(0, 5)), prompt, cached))
+    if len(changed) > 1 and rng.random() < 0.3:  # vLLM puts skipped requests back at the head
+        i = rng.randrange(len(changed))
+        changed.insert(0, changed.pop(i))
+    return changed
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), cap=st.sampled_from([None, 3]))
+def test_lpm_columns_equal_views_over_many_steps(seed: int, cap: int | None) -> None:
+    rng = random.Random(seed)
+    by_views = get("lpm", max_queue_for_sort=cap)
+    by_columns = get("lpm", max_queue_for_sort=cap)
+    keys = _Keys()
+    queue: list[QueuedRequest] = []
+    for step in range(25):
+        queue = _evolve(rng, queue, step)
+        expected = [queue[i].request_id for i in by_views.order(queue, 0.0)]
+        cols = keys.columns(queue)
+        got = check_permutation(by_columns.order_columns(cols, 0.0), len(queue))
+        assert [queue[i].request_id for i in got] == expected
+        queue = [queue[i] for i in got]  # the engine's queue now has this order
+    assert by_columns.num_unsorted_steps == by_views.num_unsorted_steps
+
+
+def _random_queue(rng: random.Random, n: int) -> list[QueuedRequest]:
+    """n requests of 20-3,000 tokens; about half have half of their prompt cached."""
+    queue = []
+    for i in range(n):
+        prompt = rng.randint(20, 3_000)
+        cached = rng.choice((0, prompt // 2))
+        queue.append(QueuedRequest(f"r{i}", rng.uniform(0, 10), prompt, cached))
+    return queue
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_policy_orders_columns_as_views_on_a_first_call(name: str) -> None:
+    queue = _random_queue(random.Random(3), 40)
+    expected = get(name).order(queue, 12.0)
+    got = check_permutation(order_of(get(name), QueueColumns.of(queue), 12.0), len(queue))
+    assert got.tolist() == list(expected)
+
+
+def test_views_round_trip() -> None:
+    queue = [QueuedRequest("a", 1.5, 100, 32), QueuedRequest("b", 0.5, 10, 0)]
+    assert QueueColumns.of(queue).views() == queue
+    assert QueueColumns.of(queue).remaining.tolist() == [68.0, 10.0]
+
+
+@pytest.mark.parametrize(
+    "order",
+    [[0, 1], [1, 1, 0], [0.0, 1.0, 2.0], [0, 1, 3], [-1, 0, 1], [[0, 1, 2]]],
+)
+def test_check_permutation_rejects(order: list) -> None:
+    with pytest.raises(ValueError):
+        check_permutation(order, 3)
+
+
+def test_check_permutation_accepts() -> None:
+    assert check_permutation([2, 0, 1], 3).tolist() == [2, 0, 1]
+    assert check_permutation(np.array([1, 0], dtype=np.int32), 2).tolist() == [1, 0]
+    assert check_permutation([], 0).tolist() == []
+
+
+def test_keyed_state_grows_and_keeps_values() -> None:
+    state = KeyedState()
+    assert state.view(np.array([3])).tolist() == [0]
+    state.store(np.array([3]), np.array([7]))
+    assert state.view(np.array([3, 500])).tolist() == [7, 0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    slots=st.integers(0, 6),
+    tokens=st.sampled_from([0, 64, 512, 2_048]),
+    num_running=st.integers(0, 3),
+)
+def test_fairway_share_over_the_step_head_equals_the_whole_queue(
+    seed: int, slots: int, tokens: int, num_running: int
+) -> None:
+    """`fairway` hands Items only for the requests a step can start or give tokens to; the plan
+    equals the one computed from every waiting request."""
+    from fairway.policies import fairway as fairway_policy
+    from fairway.policies.base import PrefillingRequest, StepBudget
+    from fairway.policies.share import Item
+
+    rng = random.Random(seed)
+    queue = _random_queue(rng, 30)
+    running = tuple(
+        PrefillingRequest(f"p{j}", rng.uniform(0, 9), rng.randint(1, 900), 1_000)
+        for j in range(num_running)
+    )
+    budget = StepBudget(tokens, slots)
+
+    def plan(policy):
+        share = policy.step_share(queue, running, budget, 10.0)
+        return share, list(policy.last_lanes)
+
+    fast = plan(get("fairway"))
+
+    def all_items(queue, cols, rest, slots):
+        ids = queue.ids_of(rest)
+        return [Item(i, int(cols.work[r]), True) for i, r in zip(ids, rest.tolist(), strict=True)]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fairway_policy, "_items", all_items)
+        patch.setattr(fairway_policy, "_covering", lambda rest, work, tokens: rest)
+        assert plan(get("fairway")) == fast
