@@ -5,10 +5,22 @@ end-to-end test fixtures: start the command on 127.0.0.1 and a free port with it
 file, wait until `GET /health` answers 200 (or fail with the log's tail when it exits or the time
 is up), and always stop it: SIGINT (vLLM's clean shutdown), then SIGTERM, then SIGKILL to its
 whole process tree. It launches processes and must not import vllm.
+
+It also runs `fairway serve`'s server in the foreground (`supervise`, and `python -m
+fairway.supervisor [--grace-s S] -- COMMAND...` for a plain vLLM server): stop signals are
+forwarded, and after a grace period the server's process group is killed. Why that is needed
+(vLLM 0.32): on SIGTERM/SIGINT the API server stops its engine, then uvicorn waits for the open
+HTTP connections with no time limit. With the default `--shutdown-timeout 0` the engine gets
+SIGTERM and SIGKILL right after it; an engine inside a model step loses that race before it can
+send the "aborted" outputs of its requests, so every request still waiting or running never ends,
+and the server logs "Waiting for connections to close" until the clients give up. A second
+signal is ignored by vLLM. With `--shutdown-timeout N` the engine drains for N seconds, and what
+is unfinished then meets the same SIGKILL. See FAIRWAY.md, "Shutdown and failures".
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -17,11 +29,13 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fairway import client
 from fairway.errors import FairwayError
@@ -245,3 +259,128 @@ def alive(pids: set[int]) -> list[int]:
         if state != "Z":
             out.append(pid)
     return out
+
+
+# --- a server in the foreground (`fairway serve`) -----------------------------------------------
+
+
+#: Seconds a server gets after the forwarded stop signal (beyond its --shutdown-timeout).
+DEFAULT_GRACE_S = 10.0
+#: Signals forwarded to the server (the first one starts the grace period).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_RELAY_POLL_S = 0.2
+
+
+def shutdown_timeout_of(argv: Sequence[str]) -> float:
+    """vLLM's `--shutdown-timeout` in a server command line (0, its default, when absent)."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--shutdown-timeout" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--shutdown-timeout="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                return max(0.0, float(value))
+    return 0.0
+
+
+class SignalRelay:
+    """A running server child: forwards stop signals and kills it when the grace period ends.
+
+    The child must lead its own process group (`start_new_session=True`), so that the kill also
+    reaches anything it started that is still alive.
+    """
+
+    def __init__(self, proc: subprocess.Popen[Any], grace_s: float) -> None:
+        self.proc = proc
+        self.grace_s = grace_s
+        self.deadline: float | None = None
+        self.signal: int | None = None
+        self.killed = False
+
+    def forward(self, signum: int, _frame: Any = None) -> None:
+        """Signal handler: pass the signal on; the first one starts the grace period."""
+        if self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signum)
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace_s
+            self.signal = signum
+
+    def wait(self) -> int:
+        """Until the child exits (killed after the grace period); its shell-style exit code."""
+        while True:
+            try:
+                code = self.proc.wait(timeout=_RELAY_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    self.kill()
+        if self.killed and self.signal is not None:
+            return 128 + self.signal  # stopped by the user's signal, not by a crash
+        return 128 - code if code < 0 else code
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group (once), saying why on stderr."""
+        if self.killed:
+            return
+        self.killed = True
+        name = signal.Signals(self.signal).name if self.signal else "the stop signal"
+        print(
+            f"fairway: the server did not exit within {self.grace_s:g} s of {name} (vLLM waits "
+            "for requests its stopped engine will never answer; see FAIRWAY.md, Shutdown and "
+            "failures); killing it",
+            file=sys.stderr,
+        )
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+
+def supervise(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+    grace_s: float | None = None, preexec_fn: Callable[[], None] | None = None,
+) -> int:
+    """Run `argv` until it exits, forwarding SIGINT/SIGTERM/SIGHUP; its exit code.
+
+    After the first forwarded signal the server has `grace_s` seconds (default `DEFAULT_GRACE_S`
+    plus the command's `--shutdown-timeout`) before its process group is killed. The child gets
+    its own session, so a terminal's Ctrl-C reaches it once (forwarded here), not twice.
+    """
+    if grace_s is None:
+        grace_s = DEFAULT_GRACE_S + shutdown_timeout_of(argv)
+    proc = subprocess.Popen(list(argv), env=None if env is None else dict(env),
+                            start_new_session=True, preexec_fn=preexec_fn)
+    relay = SignalRelay(proc, grace_s)
+    previous = {s: signal.signal(s, relay.forward) for s in FORWARDED}
+    try:
+        return relay.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m fairway.supervisor [--grace-s S] -- COMMAND...`: `supervise` from a shell."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fairway.supervisor",
+        description="Run a server command; after SIGINT/SIGTERM give it --grace-s seconds, then "
+        "kill its process group (vLLM can otherwise wait forever for open streams).",
+    )
+    parser.add_argument("--grace-s", type=float, default=None,
+                        help=f"seconds after the stop signal (default {DEFAULT_GRACE_S:g} + the "
+                        "command's --shutdown-timeout)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (put it after --)")
+    return supervise(command, grace_s=args.grace_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -122,10 +122,10 @@ def _die_with_parent() -> None:
 def run_server(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """Run the server until it exits; forward SIGINT/SIGTERM/SIGHUP; return its exit code.
 
-    `fairway.shutdown.supervise` gives the server a grace period after the first signal and then
+    `fairway.supervisor.supervise` gives the server a grace period after the first signal and then
     kills its process group: vLLM 0.32 can hang forever in shutdown with requests in flight
     (FAIRWAY.md, "Shutdown and failures").
     """
-    from fairway.shutdown import supervise
+    from fairway.supervisor import supervise
 
     return supervise(argv, env, preexec_fn=_die_with_parent)

@@ -2,7 +2,7 @@
 
 One server for the module: plain vLLM (`python -m vllm.entrypoints.openai.api_server
 --scheduler-cls fairway.vllm.scheduler.FairwayScheduler`, policy fairway) run under
-`fairway.shutdown` (what `fairway serve` runs it under). In file order:
+`fairway.supervisor.supervise` (what `fairway serve` runs it under). In file order:
 
 1. clients that disconnect mid-stream,
 2. an abort storm: 300 streamed requests, two thirds cancelled at staggered times while they wait
@@ -13,7 +13,7 @@ After 1 and 2: the server is up, every kept request was answered exactly once (o
 [DONE]), `vllm:num_requests_waiting`/`running` are back to 0 and `fairway:policy_fallbacks_total`
 is 0. The cancelled requests ask for ~1,400 output tokens, so the queues can only empty that soon
 if vLLM really aborted them. After 3: the server is gone within its grace period although patient
-clients keep their streams open (without `fairway.shutdown` vLLM waits for them: FAIRWAY.md,
+clients keep their streams open (without `fairway.supervisor` vLLM waits for them: FAIRWAY.md,
 "Shutdown"), and `fairway replay` ended with "the server stopped answering", long before its
 request timeout.
 """
@@ -76,7 +76,7 @@ def fault_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
     metrics_dir.mkdir()
     env = {**e2e.server_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     argv = [
-        sys.executable, "-m", "fairway.shutdown", "--grace-s", str(GRACE_S), "--",
+        sys.executable, "-m", "fairway.supervisor", "--grace-s", str(GRACE_S), "--",
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
         "--host", "127.0.0.1", "--port", str(port),
         "--scheduler-cls", "fairway.vllm.scheduler.FairwayScheduler",

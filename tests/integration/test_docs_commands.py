@@ -120,7 +120,7 @@ COMMANDS: dict[str, Entry] = {
     "fairway profile --url http://10.0.0.1:8000 --hardware \"1 x H100 80GB\" -o "
     "h100-llama3.1-8b.json":
         Entry("PARSE", "needs a running GPU server", where=_ACTIVATED),
-    ".venv/bin/python -m fairway.shutdown --grace-s 10 -- .venv/bin/python -m "
+    ".venv/bin/python -m fairway.supervisor --grace-s 10 -- .venv/bin/python -m "
     "vllm.entrypoints.openai.api_server --model MODEL --scheduler-cls "
     "fairway.vllm.scheduler.FairwayScheduler --enable-prefix-caching":
         Entry("PARSE", _SERVER),
@@ -338,7 +338,7 @@ def _parse_tokens(tokens: list[str], entry: Entry, where: str, env: dict[str, st
     assert done.returncode == 0 and PARSED in done.stdout, (
         f"{where}: `{shlex.join(tokens)}` does not parse (exit {done.returncode}):\n"
         f"{output[-2000:]}")
-    if target == "fairway.shutdown" and "--" in args:  # the supervised command as well
+    if target == "fairway.supervisor" and "--" in args:  # the supervised command as well
         _parse_tokens(args[args.index("--") + 1:], entry, where, env, tmp)
 
 

@@ -1,4 +1,4 @@
-"""`fairway.shutdown`: a server that ignores its stop signal is killed after the grace period.
+"""`fairway.supervisor.supervise`: a server ignoring its stop signal is killed after the grace.
 
 The "server" is a Python child that ignores SIGTERM and SIGINT (as vLLM's API server in effect
 does while it waits for streams its stopped engine will never answer), with a grandchild in its
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fairway.shutdown import DEFAULT_GRACE_S, shutdown_timeout_of
+from fairway.supervisor import DEFAULT_GRACE_S, shutdown_timeout_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,7 +40,7 @@ time.sleep(600)
 def _supervised(program: str, *args: str, grace_s: float) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fairway.shutdown", "--grace-s", str(grace_s), "--",
+        [sys.executable, "-m", "fairway.supervisor", "--grace-s", str(grace_s), "--",
          sys.executable, "-c", program, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
