@@ -39,15 +39,12 @@ HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 \
 # The profile (the table Fairway's patience comes from) defaults to the shipped analytic RTX A6000
 # / Llama-3.1-8B estimate; measure your GPU with `fairway profile` and mount the table with
 # FAIRWAY_PROFILE=/path (it overrides the JSON below), or give a whole --additional-config.
-# Synchronous scheduling with the synchronous class (vLLM turns async scheduling on by default on
-# GPUs, and a Scheduler subclass would then lose the CPU/GPU overlap): for async scheduling pass
-# `--async-scheduling --scheduler-cls fairway.vllm.scheduler.FairwayAsyncScheduler` as arguments
-# (later flags win).
+# FairwayScheduler follows vLLM's async-scheduling setting (on by default on GPUs: it is then
+# FairwayAsyncScheduler), so the image keeps vLLM's default; `--no-async-scheduling` turns it off.
 ENTRYPOINT ["vllm", "serve", \
             "--scheduler-cls", "fairway.vllm.scheduler.FairwayScheduler", \
-            "--no-async-scheduling", \
             "--scheduling-policy", "fcfs", \
             "--enable-prefix-caching", \
             "--additional-config", \
-            "{\"fairway\": {\"policy\": \"fairway\", \"profile\": \"a6000-llama3.1-8b-estimate\"}}"]
+            "{\"fairway\": {\"policy\": \"fairway-step\", \"profile\": \"a6000-llama3.1-8b-estimate\"}}"]
 CMD ["--help"]

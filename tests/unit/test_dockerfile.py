@@ -86,7 +86,8 @@ def test_entrypoint_runs_vllm_serve_with_fairway() -> None:
     assert argv[:2] == ["vllm", "serve"]
     cls = flag(argv, "--scheduler-cls")
     assert cls == "fairway.vllm.scheduler.FairwayScheduler"
-    assert "--no-async-scheduling" in argv  # the synchronous class with synchronous scheduling
+    # The class follows vLLM's async setting: the image must not switch async scheduling off.
+    assert "--no-async-scheduling" not in argv
     assert flag(argv, "--scheduling-policy") == "fcfs"
     assert "--enable-prefix-caching" in argv
 
@@ -102,7 +103,7 @@ def test_scheduler_class_exists_where_the_entrypoint_says() -> None:
 def test_default_fairway_options_are_valid() -> None:
     config = json.loads(flag(entrypoint(), "--additional-config"))
     options = FairwayOptions.resolve(config[SECTION], environ={})
-    assert options.policy == "fairway"
+    assert options.policy == "fairway-step"
     reference = options.policy_params.get("profile")
     assert reference in shipped_names()
 
