@@ -1,8 +1,9 @@
 """The one HTTP client of an OpenAI-compatible server (aiohttp) and its one SSE reader.
 
-Used by the live replay (`fairway.replay.live`), the profiler (`fairway.profiling.profiler`) and
-the server supervisor's health check (`fairway.supervisor`). aiohttp because the live replay is
-open-loop async (thousands of requests in flight) and vLLM's own benchmark client uses it too.
+Used by the live replay (`fairway.replay.live`), the profiler (`fairway.profiling.profiler`), the
+server supervisor's health check (`fairway.supervisor`) and `fairway inspect`'s /metrics reads.
+aiohttp because the live replay is open-loop async (thousands of requests in flight) and vLLM's
+own benchmark client uses it too.
 The functions take a session so that a caller keeps one connection pool for a whole run.
 """
 
@@ -99,6 +100,34 @@ async def get_json(session: aiohttp.ClientSession, endpoint: str, timeout_s: flo
         if resp.status != 200:
             raise HTTPStatusError(resp.status, short(await resp.text(errors="replace")))
         return await resp.json(content_type=None)
+
+
+async def get_text(session: aiohttp.ClientSession, endpoint: str, timeout_s: float) -> str:
+    """GET `endpoint` and return its body as text.
+
+    Raises:
+        HTTPStatusError: a non-200 answer.
+        aiohttp.ClientError, TimeoutError: unreachable or too slow.
+    """
+    async with asyncio.timeout(timeout_s), session.get(endpoint) as resp:
+        body = await resp.text(errors="replace")
+        if resp.status != 200:
+            raise HTTPStatusError(resp.status, short(body))
+        return body
+
+
+def fetch_text(endpoint: str, timeout_s: float) -> str:
+    """`get_text` from synchronous code, with a session of its own (a poll every few seconds).
+
+    Raises:
+        As `get_text`.
+    """
+
+    async def once() -> str:
+        async with new_session() as session:
+            return await get_text(session, endpoint, timeout_s)
+
+    return asyncio.run(once())
 
 
 async def is_healthy(session: aiohttp.ClientSession, url: str, timeout_s: float = 5.0) -> bool:

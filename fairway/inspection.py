@@ -78,21 +78,22 @@ def metrics_url(url: str) -> str:
 
 
 def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
-    """GET the Prometheus text at `url` (the project's sync HTTP call; one place).
+    """GET the Prometheus text at `url` (with the project's one HTTP client, `fairway.client`).
 
     Raises:
         InspectError: no answer, or an answer other than 200.
     """
-    import httpx
+    import aiohttp
+
+    from fairway import client
 
     hint = "is the server running? (`fairway serve MODEL` or `vllm serve MODEL`) Check the URL"
     try:
-        response = httpx.get(url, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise InspectError(f"cannot read {url}: {type(exc).__name__}: {exc}; {hint}") from None
-    if response.status_code != 200:
-        raise InspectError(f"GET {url} answered HTTP {response.status_code}; {hint}")
-    return response.text
+        return client.fetch_text(url, timeout_s)
+    except client.HTTPStatusError as exc:
+        raise InspectError(f"GET {url} answered HTTP {exc.status}; {hint}") from None
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        raise InspectError(f"cannot read {url}: {client.describe(exc)}; {hint}") from None
 
 
 def parse(text: str) -> Samples:
