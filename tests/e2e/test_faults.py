@@ -1,8 +1,8 @@
 """Fault tests against `FairwayScheduler` in a real vLLM server on CPU (tiny random model).
 
-One server for the module: plain vLLM (`python -m vllm.entrypoints.openai.api_server
---scheduler-cls fairway.vllm.scheduler.FairwayScheduler`, policy fairway) run under
-`fairway.supervisor.supervise` (what `fairway serve` runs it under). In file order:
+One server for the module: `fairway serve MODEL --policy fairway` (vLLM's server with
+`FairwayScheduler`, run under `fairway.supervisor.supervise`, which gives it `DEFAULT_GRACE_S`
+after a stop signal). In file order:
 
 1. clients that disconnect mid-stream,
 2. an abort storm: 300 streamed requests, two thirds cancelled at staggered times while they wait
@@ -27,7 +27,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -41,12 +40,13 @@ import pytest
 from test_serve import metric_sum
 
 from fairway.cli import main as fairway_main
+from fairway.supervisor import DEFAULT_GRACE_S
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STARTUP_TIMEOUT_S = 240.0
 #: Seconds the supervisor gives the server after SIGTERM before killing it.
-GRACE_S = 10.0
+GRACE_S = DEFAULT_GRACE_S  # what `fairway serve` gives the server after SIGTERM
 #: The queues must be empty this soon after the last answer (aborts are processed at once).
 DRAIN_TIMEOUT_S = 20.0
 #: Token ids inside the tiny model's vocabulary (3 specials, 512 ids).
@@ -76,13 +76,8 @@ def fault_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
     metrics_dir.mkdir()
     env = {**e2e.server_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     argv = [
-        sys.executable, "-m", "fairway.supervisor", "--grace-s", str(GRACE_S), "--",
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--scheduler-cls", "fairway.vllm.scheduler.FairwayScheduler",
-        "--scheduling-policy", "fcfs", "--enable-prefix-caching",
-        "--additional-config", json.dumps({"fairway": {"policy": "fairway"}}),
-        *e2e.cpu_server_args,
+        *e2e.fairway_command(), "serve", str(tiny_model), "--policy", "fairway",
+        "--host", "127.0.0.1", "--port", str(port), *e2e.cpu_server_args,
     ]
     log_path = work / "server.log"
     with open(log_path, "wb") as log:
