@@ -144,7 +144,7 @@ COMMANDS: dict[str, Entry] = {
     "results/hit-heavy":
         Entry("PARSE", "six replays of the hit-heavy preset (minutes)"),
     ".venv/bin/fairway inspect http://127.0.0.1:8000 --window-s 60":
-        Entry("PARSE", "needs a running server (tests/e2e/test_inspect.py runs it for real)"),
+        Entry("PARSE", "needs a running server (tests/e2e/test_inspect_live.py runs it for real)"),
     ".venv/bin/fairway serve MODEL --fairway-option decision_trace=decisions.jsonl "
     "--fairway-option decision_trace_every=10":
         Entry("PARSE", _SERVER),
