@@ -104,9 +104,9 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace t.jsonl":
         Entry("PARSE", "needs a running server and a trace file"),
     ".venv/bin/fairway trace build sec-a -o sec-a.jsonl":
-        Entry("RUN", "builds a trace in seconds", needs_sec_data=True),
+        Entry("RUN", "builds a trace in seconds (the shipped preset when the sources are absent)"),
     ".venv/bin/fairway trace stats sec-a.jsonl":
-        Entry("RUN", "reads the trace the command before it built", needs_sec_data=True),
+        Entry("RUN", "reads the trace the command before it built"),
     # FAIRWAY.md
     "fairway serve MODEL --profile my-gpu.json [vLLM args ...]":
         Entry("PARSE", _SERVER, _VLLM_ARGS, where=_ACTIVATED),
