@@ -178,9 +178,8 @@ def _export(args: argparse.Namespace) -> int:
     from fairway.traces.export import bench_command, export_trace
     from fairway.traces.format import load_trace
 
-    summary = export_trace(
-        load_trace(args.file), args.output, args.fmt, args.chunk_tokens, force=args.force
-    )
+    refuse_overwrite(args.output, args.force)
+    summary = export_trace(load_trace(args.file), args.output, args.fmt, args.chunk_tokens)
     print(
         f"wrote {summary.num_requests} requests ({summary.num_chunk_ids} distinct "
         f"{summary.chunk_tokens}-token chunks) to {summary.path}; replay it with:\n  "

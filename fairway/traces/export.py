@@ -94,18 +94,15 @@ def export_trace(
     path: str | Path,
     fmt: str = "vllm-timed-trace",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    force: bool = False,
 ) -> ExportSummary:
-    """Write `trace` in format `fmt` to `path`; an existing file is kept unless `force`.
+    """Write `trace` in format `fmt` to `path` (the caller decides whether it may overwrite).
 
     Raises:
-        TraceError: unknown format, bad chunk size, or the output exists and `force` is off.
+        TraceError: unknown format or bad chunk size.
     """
     if fmt not in FORMATS:
         raise TraceError(f"unknown export format {fmt!r}; formats: {', '.join(FORMATS)}")
     out = Path(path)
-    if out.exists() and not force:
-        raise TraceError(f"{out} exists; pass --force to overwrite it")
     rows = timed_trace_rows(trace, chunk_tokens)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:

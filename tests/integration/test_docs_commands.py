@@ -82,7 +82,6 @@ class Entry:
     replace: tuple[tuple[str, str], ...] = ()
     #: Where a bare program name comes from.
     where: str = ""
-    needs_sec_data: bool = False
 
 
 _ACTIVATED = "bare `fairway`/`vllm`: needs .venv/bin on PATH (source .venv/bin/activate)"
@@ -345,33 +344,8 @@ def _parse_tokens(tokens: list[str], entry: Entry, where: str, env: dict[str, st
         _parse_tokens(args[args.index("--") + 1:], entry, where, env, tmp)
 
 
-def _sec_data_missing() -> str | None:
-    from fairway.traces.data import resolve_data_dir
-
-    cwd = Path.cwd()
-    try:
-        os.chdir(ROOT)
-        path, _ = resolve_data_dir()
-    finally:
-        os.chdir(cwd)
-    sec = Path(path) / "sec_filings"
-    return None if sec.exists() and any(sec.iterdir()) else f"no SEC data in {path}"
-
-
 def _run(command: DocCommand, entry: Entry, tmp: Path) -> None:
     env, tokens = _argv(command, entry, tmp)
-    if entry.needs_sec_data:
-        missing = _sec_data_missing()
-        if missing:
-            pytest.skip(f"{command.where}: {missing} (`fairway data download`)")
-        from fairway.traces.data import resolve_data_dir
-
-        cwd = Path.cwd()
-        os.chdir(ROOT)
-        try:
-            env.setdefault("FAIRWAY_DATA", str(Path(resolve_data_dir()[0]).resolve()))
-        finally:
-            os.chdir(cwd)
     head = tokens[0]
     program = str(ROOT / head) if head.startswith(".venv/bin/") else str(VENV_BIN / head)
     done = subprocess.run([program, *tokens[1:]], cwd=tmp, capture_output=True, text=True,
