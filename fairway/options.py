@@ -86,6 +86,10 @@ class FairwayOptions:
     self_calibrate: bool = False
     """Learn the prefill-time table T(L) from the engine's own step times and give it to the
     policy once the fit is good (off by default)."""
+    step_log: Annotated[str, Field(min_length=1)] | None = None
+    """Path of the step log (JSONL): for every engine step, its measured seconds and the
+    (new tokens, tokens before) of each scheduled request; for checking a step-time model
+    against the live engine (`benchmarks/fidelity.py --step-log`). null: off."""
     decision_trace: Annotated[str, Field(min_length=1)] | None = None
     """Path of the decision trace (JSONL, `fairway.vllm.decisions`): every
     `decision_trace_every` steps, the head of the order with each request's h, c, wait, score,
@@ -125,6 +129,7 @@ class FairwayOptions:
             "reorder_preempted": self.reorder_preempted,
             "self_calibrate": self.self_calibrate,
             "decision_trace": self.decision_trace,
+            "step_log": self.step_log,
         }
 
     def to_json(self, *, skip_env: bool = False) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """Self-calibration in the scheduler (option `self_calibrate`, off by default): the vLLM side.
 
+Also the step log (option `step_log`): the same step times and chunks, one JSON line per step,
+so a step-time model can be checked against the live engine offline.
+
 Times each engine step, reads its chunks from vLLM's `SchedulerOutput` (by attribute; fields
 tagged below), feeds `fairway.profiling.calibration.StepTimeCalibrator` (the engine-agnostic
 fit, cost model in its docstring) and hands each snapshot table to the policy and the
@@ -9,6 +12,7 @@ logging goes through the `fairway` logger, to which the plugin attaches vLLM's h
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -62,6 +66,27 @@ def _calibrated_gauge() -> Any:
     return _gauge
 
 
+class StepLog:
+    """Appends one JSON line per timed engine step: {"t", "s", "chunks": [[new, before], ...]}.
+
+    `t` is the wall-clock time the step's output arrived, `s` its measured seconds (see
+    `SchedulerCalibration`), `chunks` what `step_chunks` reads from vLLM's output. Line-buffered,
+    so a killed server loses at most the line being written.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - long-lived
+
+    def write(self, chunks: list[tuple[int, int]], step_seconds: float) -> None:
+        record = {"t": round(time.time(), 6), "s": round(step_seconds, 6),
+                  "chunks": [list(c) for c in chunks]}
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class SchedulerCalibration:
     """The scheduler's side: times steps, feeds the calibrator, swaps the policy's profile.
 
@@ -83,6 +108,8 @@ class SchedulerCalibration:
         policy: Any = None,
         labels: Mapping[str, str] | None = None,
         clock: Any = time.perf_counter,
+        fit: bool = True,
+        step_log: StepLog | None = None,
     ) -> None:
         """Args:
         calibrator: the fit.
@@ -92,12 +119,16 @@ class SchedulerCalibration:
         labels: model_name, engine and policy labels of the gauge; None: no gauge (no
             `log_stats`).
         clock: seconds, monotonic.
+        fit: feed the calibrator (False: only the step log is wanted).
+        step_log: where each timed step is also written, or None.
         """
         self.calibrator = calibrator
         self.max_model_len = max_model_len
         self.policy = policy if hasattr(policy, "profile") else None
         self.profile: PrefillProfile | None = None
         self._clock = clock
+        self.fit = fit
+        self.step_log = step_log
         self._scheduled_at: dict[int, float] = {}
         self._last_update: float = -math.inf
         self._since_refresh = 0
@@ -127,7 +158,12 @@ class SchedulerCalibration:
 
     def observe_step(self, scheduler_output: Any, step_seconds: float) -> None:
         """Feed one step (its scheduler output and measured seconds); refresh now and then."""
-        self.calibrator.observe(step_chunks(scheduler_output), step_seconds)
+        chunks = step_chunks(scheduler_output)
+        if self.step_log is not None:
+            self.step_log.write(chunks, step_seconds)
+        if not self.fit:
+            return
+        self.calibrator.observe(chunks, step_seconds)
         self._since_refresh += 1
         if self._since_refresh >= self.calibrator.settings.refresh_steps:
             self.refresh()
@@ -157,12 +193,14 @@ class SchedulerCalibration:
 
 
 def for_scheduler(scheduler: Any) -> SchedulerCalibration | None:
-    """The calibration of a Fairway scheduler, or None unless its `self_calibrate` option is on.
+    """The step timer of a Fairway scheduler, or None unless `self_calibrate` or `step_log` is on.
 
     Reads `fairway_options`, `fairway_policy`, `fairway_metrics` and vLLM's `vllm_config`.
     """
     options = scheduler.fairway_options
-    if not getattr(options, "self_calibrate", False):
+    fit = bool(getattr(options, "self_calibrate", False))
+    log_path = getattr(options, "step_log", None)
+    if not fit and not log_path:
         return None
     config = scheduler.vllm_config  # vLLM internal: Scheduler.vllm_config
     metrics = getattr(scheduler, "fairway_metrics", None)
@@ -170,6 +208,8 @@ def for_scheduler(scheduler: Any) -> SchedulerCalibration | None:
     return SchedulerCalibration(
         calibrator,
         max_model_len=int(config.model_config.max_model_len),
-        policy=scheduler.fairway_policy,
-        labels=None if metrics is None else dict(metrics.labels),
+        policy=scheduler.fairway_policy if fit else None,
+        labels=None if metrics is None or not fit else dict(metrics.labels),
+        fit=fit,
+        step_log=StepLog(log_path) if log_path else None,
     )

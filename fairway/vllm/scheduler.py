@@ -109,7 +109,9 @@ class FairwaySchedulerMixin:
             else None
         )
         plugin.attach_vllm_logging()  # also when the entry point is not installed
-        self._fairway_calibration = _make_calibration(self) if options.self_calibrate else None
+        self._fairway_calibration = (
+            _make_calibration(self) if options.self_calibrate or options.step_log else None
+        )
         self._fairway_shares = _share_enabled(self, policy)
         self._fairway_share: policies.StepShare | None = None
         # issue 14: hit/miss queue metrics and the decision trace; None (nil cost) when both off
@@ -489,7 +491,7 @@ def _share_enabled(scheduler: Any, policy: Any) -> bool:
 
 
 def _make_calibration(scheduler: Any) -> Any:
-    """The `self_calibrate` helper (imported only when the option is on)."""
+    """The step timer of `self_calibrate` / `step_log` (imported only when one is on)."""
     from fairway.vllm import calibrate
 
     return calibrate.for_scheduler(scheduler)

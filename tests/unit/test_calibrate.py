@@ -269,3 +269,34 @@ def test_option_is_a_serving_option() -> None:
     assert FairwayOptions.resolve({}).self_calibrate is False
     assert FairwayOptions.resolve({"self_calibrate": True}).self_calibrate is True
     assert FairwayOptions.resolve({}, {"FAIRWAY_SELF_CALIBRATE": "true"}).self_calibrate is True
+
+
+def test_step_log_alone_writes_every_step_and_leaves_the_policy_alone(tmp_path) -> None:
+    import json
+
+    path = tmp_path / "steps.jsonl"
+    policy = FairwayPolicy()
+    scheduler = SimpleNamespace(
+        fairway_options=SimpleNamespace(self_calibrate=False, step_log=str(path)),
+        fairway_policy=policy, fairway_metrics=None,
+        vllm_config=SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_batched_tokens=CHUNK),
+            model_config=SimpleNamespace(max_model_len=8192),
+        ),
+    )
+    cal = calibrate.for_scheduler(scheduler)
+    assert cal is not None and not cal.fit and cal.policy is None
+    rng = random.Random(5)
+    expected = []
+    for _ in range(600):  # enough steps for a refresh if the fit were fed
+        chunks = synthetic_step(rng)
+        new = [(f"r{i}", n, p) for i, (n, p) in enumerate(chunks)]
+        seconds = TRUTH.step_s(*chunk_features(chunks))
+        cal.observe_step(fake_output(new, []), seconds)
+        expected.append(([list(c) for c in chunks], seconds))
+    cal.step_log.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["chunks"], r["s"]) for r in lines] == [
+        (c, pytest.approx(s, abs=1e-6)) for c, s in expected
+    ]
+    assert cal.calibrator.num_used == 0 and cal.profile is None and policy.profile is None
