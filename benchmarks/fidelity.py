@@ -29,12 +29,14 @@ fidelity.json and every replay (plus each server's log).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,9 @@ from fairway.traces.format import Trace  # noqa: E402
 
 NAME = "fidelity"
 DEFAULT_POLICIES = ("fcfs", "lpm", "fairway")
+CLIENTS = ("fairway", "vllm-bench")
+#: Tokens per hash id of the trace handed to `vllm bench serve` (<= the KV block size).
+EXPORT_CHUNK_TOKENS = 16
 #: vLLM's CPU attention needs blocks of a multiple of 32 tokens (16 is refused at start-up).
 BLOCK_SIZE = 32
 
@@ -137,6 +142,23 @@ def parse_args(argv: list[str] | None) -> Any:
                         help="extra argument for `fairway serve` (repeatable), e.g. "
                         "--serve-arg=--gpu-memory-utilization=0.15 on a small CPU machine")
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)
+    parser.add_argument("--runs", type=int, default=3,
+                        help="live runs per policy and client, on one server per policy whose "
+                        "prefix cache is reset (and warmed up) before each run (default 3)")
+    parser.add_argument("--client", action="append", default=None, choices=CLIENTS,
+                        help="live client (repeatable): fairway (`fairway replay --url`) and/or "
+                        "vllm-bench (`vllm bench serve --dataset-name timed_trace` of the "
+                        "exported trace); default fairway")
+    parser.add_argument("--server-cpus", default=None, metavar="LIST",
+                        help="pin the server (all its processes) to these CPUs (taskset -c LIST)")
+    parser.add_argument("--client-cpus", default=None, metavar="LIST",
+                        help="pin the live clients to these CPUs (e.g. --server-cpus 1 "
+                        "--client-cpus 0 on a 2-core machine)")
+    parser.add_argument("--step-log", action="store_true",
+                        help="servers write a step log (option step_log) and the report checks "
+                        "the step-time model against each live engine step")
+    parser.add_argument("--warmup", type=int, default=8,
+                        help="short requests sent before each live run (then the cache is reset)")
     parser.add_argument("--out", default=None, metavar="DIR")
     parser.add_argument(
         "--dry-run",
@@ -150,6 +172,11 @@ def parse_args(argv: list[str] | None) -> Any:
         parser.error("give --profile PATH_OR_NAME, or --reprofile with --serve")
     if args.profile is not None and args.reprofile:
         parser.error("--profile and --reprofile exclude each other")
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    if args.url and args.runs > 1:
+        parser.error("--runs > 1 needs --serve (each run resets the server's prefix cache)")
+    args.client = args.client or ["fairway"]
     return args
 
 
@@ -181,6 +208,11 @@ def engine_args(args: Any) -> list[str]:
     ]
 
 
+def step_log_path(args: Any, policy: str) -> Path:
+    """Where the server of `policy` writes its step log (--step-log)."""
+    return Path(args.out_dir) / "replays" / f"steps-{policy}.jsonl"
+
+
 def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], list[str]]:
     """`fairway serve` with the engine settings the virtual replay uses: (command, arguments).
 
@@ -192,103 +224,379 @@ def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], l
     rest = ["--policy", policy]
     if "profile" in policies.param_names(policy):
         rest += ["--profile", args.profile]
+    if args.step_log:
+        rest += ["--fairway-option", f"step_log={step_log_path(args, policy)}"]
     return command, [*rest, "--num-gpu-blocks-override", str(num_blocks), *engine_args(args)]
 
 
-def profile_command(args: Any, out_dir: Path) -> list[str]:
-    """`fairway profile --model` with the servers' engine arguments, writing OUT/profile.json."""
-    return [
-        sys.executable,
-        "-m",
-        "fairway.cli",
-        "profile",
-        "--model",
-        args.serve,
-        "-o",
-        str(out_dir / "profile.json"),
-        "--repeats",
-        str(args.profile_repeats),
-        "--lengths",
-        args.profile_lengths,
-        "--vocab-size",
-        str(args.vocab_size),
-        "--server-log",
-        str(out_dir / "profile-serve.log"),
-        "--startup-timeout",
-        str(args.startup_timeout_s),
-        "--",
-        *engine_args(args),
-    ]
+def profile_command(args: Any, out_dir: Path, url: str) -> list[str]:
+    """`fairway profile --url` against a server started like the live ones; writes profile.json."""
+    from fairway.profiling.profiler import detect_local_hardware
+
+    return _taskset(args.client_cpus, [
+        sys.executable, "-m", "fairway.cli", "profile", "--url", url,
+        "-o", str(out_dir / "profile.json"), "--repeats", str(args.profile_repeats),
+        "--lengths", args.profile_lengths, "--vocab-size", str(args.vocab_size),
+        "--hardware", detect_local_hardware() or "unknown",
+        "--note", f"benchmarks/fidelity.py --reprofile: server CPUs {args.server_cpus or 'any'}, "
+        f"client CPUs {args.client_cpus or 'any'}; vLLM arguments {shlex.join(engine_args(args))}",
+    ])
 
 
 def reprofile(args: Any, out_dir: Path) -> str:
-    """Run the profiler (its output goes to OUT/profile.log); the table's path."""
-    cmd = profile_command(args, out_dir)
-    print("profiling:", " ".join(cmd), file=sys.stderr)
-    with (out_dir / "profile.log").open("w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    """Measure T(L) on a server started (and pinned) as the live ones, with the client pinned as
+    the live clients are; the profiler's output goes to OUT/profile.log. Returns the table's path.
+    """
+    command = [sys.executable, "-m", "fairway.cli", "serve", args.serve]
+    with supervisor.running_server(
+        _taskset(args.server_cpus, command), ["--policy", "fcfs", *engine_args(args)],
+        log_path=out_dir / "profile-serve.log", port=args.port,
+        startup_timeout_s=args.startup_timeout_s, name="fairway serve (profiling)",
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    ) as server:
+        cmd = profile_command(args, out_dir, server.url)
+        print("profiling:", " ".join(cmd), file=sys.stderr)
+        with (out_dir / "profile.log").open("w") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         raise RuntimeError(f"fairway profile failed (exit {rc}); see {out_dir / 'profile.log'}")
     return str(out_dir / "profile.json")
 
 
-def live_replay(
-    args: Any, trace: Trace, name: str, policy: str, num_blocks: int, raw_dir: Path
+def _taskset(cpus: str | None, command: list[str]) -> list[str]:
+    """`command` run on these CPUs only (all its child processes inherit the mask)."""
+    return command if cpus is None else ["taskset", "-c", cpus, *command]
+
+
+@contextlib.contextmanager
+def client_cpus(cpus: str | None) -> Iterator[None]:
+    """Pin this process (the live replay client) to `cpus` for the block, then restore."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _cpu_set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _cpu_set(cpus: str) -> set[int]:
+    """`0,2-3` -> {0, 2, 3} (taskset's list syntax)."""
+    result: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        result.update(range(int(lo), int(hi or lo) + 1))
+    return result
+
+
+def prepare_server(url: str, model: str, warmup: int, vocab_size: int) -> None:
+    """Reset the prefix cache, send `warmup` short distinct prompts, reset again.
+
+    Each run then starts from an empty cache on an engine whose first steps (allocation, lazy
+    initialisation) are behind it. Needs the server's dev endpoints (VLLM_SERVER_DEV_MODE=1).
+    """
+    import httpx
+
+    def reset() -> None:
+        response = httpx.post(f"{url}/reset_prefix_cache", timeout=60.0)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"POST {url}/reset_prefix_cache answered {response.status_code}: "
+                f"{response.text[:200]} (start the server with VLLM_SERVER_DEV_MODE=1)"
+            )
+
+    reset()
+    for i in range(warmup):
+        prompt = [(7 * i + j) % (vocab_size - 4) + 4 for j in range(64 + 32 * i)]
+        response = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": model, "prompt": prompt, "max_tokens": 1},
+            timeout=120.0,
+        )
+        response.raise_for_status()
+    reset()
+
+
+def _served_model(url: str) -> str:
+    import httpx
+
+    return str(httpx.get(f"{url}/v1/models", timeout=30.0).json()["data"][0]["id"])
+
+
+def fairway_client_run(
+    args: Any, trace: Trace, name: str, policy: str, url: str, out_path: Path
 ) -> ReplayResult:
-    """One live replay: against --url, or a `fairway serve` started for this policy."""
+    """One open-loop replay with Fairway's own live client."""
     from fairway.replay.live import run_live
 
-    kwargs = {
-        "policy": policy,
-        "trace_name": name,
-        "vocab_size": args.vocab_size,
-        "time_scale": args.time_scale,
-        "out_path": raw_dir / f"live--{results_io.safe_name(name)}--{policy}.json",
-    }
-    if args.url:
-        return run_live(trace, args.url, **kwargs)
-    command, serve_args = serve_command(args, policy, num_blocks)
-    with supervisor.running_server(
-        command, serve_args, log_path=raw_dir / f"serve-{policy}.log", port=args.port,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}, startup_timeout_s=args.startup_timeout_s,
-        name=f"fairway serve --policy {policy}",
-        say=lambda line: print(line, file=sys.stderr, flush=True),
-    ) as server:
-        return run_live(trace, server.url, **kwargs)
+    with client_cpus(args.client_cpus):
+        return run_live(
+            trace, url, policy=policy, trace_name=name, vocab_size=args.vocab_size,
+            out_path=out_path,  # the trace is already scaled by --time-scale
+        )
 
 
-def comparison(live: list[ReplayResult], virtual: list[ReplayResult]) -> tuple[str, list[dict]]:
-    """Per policy x phase: live and virtual median / p99 and virtual / live."""
+def vllm_bench_run(
+    args: Any, trace: Trace, name: str, policy: str, url: str, export: Path, out_path: Path
+) -> ReplayResult:
+    """One replay of the exported trace with `vllm bench serve` (vLLM's own client).
+
+    Its per-request lists are in the file's order, which is the trace's: phases and ids are
+    attached by position (after checking that every prompt length matches).
+    """
+    from fairway.replay.vllm_result import load_vllm_result
+
+    model = _served_model(url)
+    command = [
+        str(Path(sys.executable).with_name("vllm")), "bench", "serve", "--backend", "vllm",
+        "--base-url", url, "--model", model, "--tokenizer", args.serve or model,
+        "--dataset-name", "timed_trace", "--dataset-path", str(export),
+        "--timed-trace-chunk-hash-size", str(EXPORT_CHUNK_TOKENS),
+        "--num-prompts", str(len(trace)), "--save-result", "--save-detailed",
+        "--result-dir", str(out_path.parent), "--result-filename", out_path.name,
+        "--label", policy, "--disable-tqdm",
+    ]
+    with (out_path.with_suffix(".log")).open("w") as log:
+        rc = subprocess.run(_taskset(args.client_cpus, command), stdout=log,
+                            stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        log_path = out_path.with_suffix(".log")
+        raise RuntimeError(f"vllm bench serve failed (exit {rc}); see {log_path}")
+    result = load_vllm_result(out_path, policy=policy, trace_name=name)
+    lengths = [r.prompt_tokens for r in result.requests]
+    expected = [r.prompt_tokens for r in trace.requests]
+    if lengths != expected:
+        raise RuntimeError(f"{out_path}: vllm bench serve sent other prompt lengths than the trace")
+    requests = [
+        dataclasses.replace(got, request_id=req.request_id, phase=req.phase)
+        for got, req in zip(result.requests, trace.requests, strict=True)
+    ]
+    return dataclasses.replace(result, requests=requests)
+
+
+def live_runs(
+    args: Any, trace: Trace, name: str, policies: list[str], num_blocks: int, raw_dir: Path
+) -> tuple[dict[tuple[str, str], list[ReplayResult]], dict[str, float]]:
+    """Every live run: {(client, policy): [result per run]}, and wall seconds per policy.
+
+    One server per policy (or --url); before each run its prefix cache is reset and warmed up,
+    so the runs of a policy are repetitions of one experiment; the clients alternate run by run.
+    """
+    from fairway.traces.export import export_trace
+
+    export = raw_dir / "trace-vllm-timed.jsonl"
+    if "vllm-bench" in args.client:
+        export_trace(trace, export, "vllm-timed-trace", EXPORT_CHUNK_TOKENS)
+    runs: dict[tuple[str, str], list[ReplayResult]] = {}
+    wall: dict[str, float] = {}
+
+    def replay_all(policy: str, url: str) -> None:
+        model = _served_model(url)
+        for run in range(args.runs):
+            for client in args.client:
+                if args.serve:
+                    prepare_server(url, model, args.warmup, args.vocab_size)
+                stem = f"live--{results_io.safe_name(name)}--{policy}--{client}--run{run + 1}"
+                if client == "fairway":
+                    result = fairway_client_run(args, trace, name, policy, url,
+                                                raw_dir / f"{stem}.json")
+                else:
+                    result = vllm_bench_run(args, trace, name, policy, url, export,
+                                            raw_dir / f"{stem}.json")
+                failed = sum(r.error is not None for r in result.requests)
+                print(f"{policy} {client} run {run + 1}: {len(result.requests)} requests, "
+                      f"{failed} failed", file=sys.stderr, flush=True)
+                runs.setdefault((client, policy), []).append(result)
+
+    for policy in policies:
+        t0 = time.perf_counter()
+        if args.url:
+            replay_all(policy, args.url)
+        else:
+            command, serve_args = serve_command(args, policy, num_blocks)
+            with supervisor.running_server(
+                _taskset(args.server_cpus, command), serve_args,
+                log_path=raw_dir / f"serve-{policy}.log", port=args.port,
+                env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_SERVER_DEV_MODE": "1"},
+                startup_timeout_s=args.startup_timeout_s,
+                name=f"fairway serve --policy {policy}",
+                say=lambda line: print(line, file=sys.stderr, flush=True),
+            ) as server:
+                replay_all(policy, server.url)
+        wall[policy] = round(time.perf_counter() - t0, 3)
+    return runs, wall
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """One statistic over the live runs: their median, min and max (None: no TTFT at all)."""
+
+    median: float | None
+    lo: float | None
+    hi: float | None
+
+    @classmethod
+    def of(cls, values: list[float | None]) -> Spread:
+        import numpy as np
+
+        got = [v for v in values if v is not None]
+        if not got:
+            return cls(None, None, None)
+        return cls(float(np.median(got)), min(got), max(got))
+
+
+def comparison(
+    runs: dict[tuple[str, str], list[ReplayResult]], virtual: list[ReplayResult]
+) -> tuple[str, list[dict]]:
+    """Per client x policy x phase: virtual, live median of runs [min-max], virtual / live."""
     rows = []
     lines = [
-        "| policy | phase | n | live median | virtual median | v/l | live p99 | "
-        "virtual p99 | v/l |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| client | policy | phase | n | runs | failed | virtual median | live median [min-max] "
+        "| v/l | virtual p99 | live p99 [min-max] | v/l |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    s_live, s_virt = report.summarize(live), report.summarize(virtual)
-    for result in live:
-        t, policy = result.trace_name, result.policy
-        for phase in s_live.phases[t]:
-            a, b = s_live.row(t, policy, phase), s_virt.row(t, policy, phase)
-            if a is None or b is None:
+    s_virt = report.summarize(virtual)
+    for (client, policy), results in runs.items():
+        t = results[0].trace_name
+        per_run = [report.summarize([r]) for r in results]
+        for phase in s_virt.phases[t]:
+            v = s_virt.row(t, policy, phase)
+            stats = [s.row(t, policy, phase) for s in per_run]
+            if v is None or any(a is None for a in stats):
                 continue
+            med = Spread.of([a.median_s for a in stats])  # type: ignore[union-attr]
+            p99 = Spread.of([a.p99_s for a in stats])  # type: ignore[union-attr]
+            failed = sum(a.n_errors for a in stats)  # type: ignore[union-attr]
             row = {
-                "policy": policy,
-                "phase": phase,
-                "n": a.n,
-                "live_errors": a.n_errors,
-                "live_median_s": a.median_s,
-                "virtual_median_s": b.median_s,
-                "live_p99_s": a.p99_s,
-                "virtual_p99_s": b.p99_s,
+                "client": client, "policy": policy, "phase": phase, "n": v.n,
+                "runs": len(results), "live_errors": failed,
+                "virtual_median_s": v.median_s, "live_median_s": med.median,
+                "live_median_min_s": med.lo, "live_median_max_s": med.hi,
+                "virtual_p99_s": v.p99_s, "live_p99_s": p99.median,
+                "live_p99_min_s": p99.lo, "live_p99_max_s": p99.hi,
+                "live_medians_s": [a.median_s for a in stats],  # type: ignore[union-attr]
+                "live_p99s_s": [a.p99_s for a in stats],  # type: ignore[union-attr]
             }
             rows.append(row)
             lines.append(
-                f"| {policy} | {phase} | {a.n} | {_f(a.median_s)} | {_f(b.median_s)} | "
-                f"{_ratio(b.median_s, a.median_s)} | {_f(a.p99_s)} | {_f(b.p99_s)} | "
-                f"{_ratio(b.p99_s, a.p99_s)} |"
+                f"| {client} | {policy} | {phase} | {v.n} | {len(results)} | {failed} | "
+                f"{_f(v.median_s)} | {_spread(med)} | {_ratio(v.median_s, med.median)} | "
+                f"{_f(v.p99_s)} | {_spread(p99)} | {_ratio(v.p99_s, p99.median)} |"
             )
     return "\n".join(lines) + "\n", rows
+
+
+#: Virtual values closer than this (relative) are a tie: the live order of a tie is not checked.
+RANK_TIE = 0.05
+
+
+def ranking(rows: list[dict]) -> str:
+    """Per client, phase and statistic: the policies ranked virtual and live, and whether every
+    pair the replay separates (by more than RANK_TIE) is in the same order live."""
+    lines = ["| client | phase | statistic | virtual ranking | live ranking | pairs in the same "
+             "order |", "|---|---|---|---|---|---|"]
+    keys = sorted({(r["client"], r["phase"]) for r in rows}, key=lambda k: (k[0], k[1] != "all"))
+    for client, phase in keys:
+        group = [r for r in rows if r["client"] == client and r["phase"] == phase]
+        if len(group) < 2:
+            continue
+        for stat in ("median", "p99"):
+            v = {r["policy"]: r[f"virtual_{stat}_s"] or float("inf") for r in group}
+            live = {r["policy"]: r[f"live_{stat}_s"] or float("inf") for r in group}
+            same = total = 0
+            for a in v:
+                for b in v:
+                    if a < b and abs(v[a] - v[b]) > RANK_TIE * max(v[a], v[b]):
+                        total += 1
+                        same += (v[a] < v[b]) == (live[a] < live[b])
+            lines.append(f"| {client} | {phase} | {stat} | {_ranked(v)} | {_ranked(live)} | "
+                         f"{same} of {total} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ranked(values: dict[str, float]) -> str:
+    return " < ".join(f"{p} ({values[p]:.2f})" for p in sorted(values, key=values.__getitem__))
+
+
+def step_model_check(path: Path, profile: Any) -> dict[str, Any] | None:
+    """Live engine steps (a step log) against the replay's step-time model.
+
+    Per step: measured seconds vs `TableStepTime.step_time_s` of its spans; the residual
+    (measured - model) is fitted as r0 + r1 * k over the steps' request counts k, the term a
+    per-request cost would add. Prefill steps only (a decode token is priced like a prompt
+    token by the model; the fidelity traces have max_tokens 1, so decodes are rare).
+    """
+    import json
+
+    import numpy as np
+
+    from fairway.profiling.step_time import TableStepTime
+
+    if not path.exists():
+        return None
+    model = TableStepTime(profile)
+    measured, predicted, counts, context = [], [], [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        chunks = [(int(n), int(b)) for n, b in record["chunks"] if n > 1]
+        if not chunks:
+            continue
+        measured.append(float(record["s"]))
+        predicted.append(model.step_time_s([(b, b + n) for n, b in chunks]))
+        counts.append(len(chunks))
+        context.append(sum(b for _, b in chunks))
+    if len(measured) < 3:
+        return None
+    m, p, k = np.array(measured), np.array(predicted), np.array(counts, dtype=float)
+    design = np.column_stack([np.ones_like(k), k])
+    (r0, r1), *_ = np.linalg.lstsq(design, m - p, rcond=None)
+    many = k >= 4
+    return {
+        "steps": len(m),
+        "measured_total_s": float(m.sum()),
+        "model_total_s": float(p.sum()),
+        "measured_over_model": float(m.sum() / p.sum()),
+        "median_step_ratio": float(np.median(m / p)),
+        "residual_fit_s": {"per_step": float(r0), "per_request": float(r1)},
+        "median_requests_per_step": float(np.median(k)),
+        "ratio_steps_k_ge_4": float(m[many].sum() / p[many].sum()) if many.any() else None,
+        "ratio_steps_k_1": float(m[k == 1].sum() / p[k == 1].sum()) if (k == 1).any() else None,
+        "ratio_steps_with_context": (
+            float(m[np.array(context) > 0].sum() / p[np.array(context) > 0].sum())
+            if any(c > 0 for c in context) else None
+        ),
+    }
+
+
+def step_table(steps: dict[str, Any]) -> str:
+    """The step-model check per policy as Markdown."""
+    lines = ["| policy | steps | measured / model (sum) | median step ratio | residual per step "
+             "ms | per request ms | ratio k=1 | ratio k>=4 | ratio with cached context |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for policy, c in steps.items():
+        if c is None:
+            lines.append(f"| {policy} | — | | | | | | | |")
+            continue
+        fit = c["residual_fit_s"]
+        lines.append(
+            f"| {policy} | {c['steps']} | {c['measured_over_model']:.2f} | "
+            f"{c['median_step_ratio']:.2f} | {1e3 * fit['per_step']:.1f} | "
+            f"{1e3 * fit['per_request']:.1f} | {_opt(c['ratio_steps_k_1'])} | "
+            f"{_opt(c['ratio_steps_k_ge_4'])} | {_opt(c['ratio_steps_with_context'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _opt(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def _spread(s: Spread) -> str:
+    if s.median is None:
+        return "—"
+    return f"{s.median:.3f} [{s.lo:.3f}-{s.hi:.3f}]"
 
 
 def _f(v: float | None) -> str:
@@ -309,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         raise FairwayConfigError("--url replays one server: give its policy with one --policy")
     started = time.perf_counter()
     out_dir = new_out_dir(args.out, NAME)
+    args.out_dir = str(out_dir)
     profile_wall_s = None
     if args.reprofile:
         t0 = time.perf_counter()
@@ -343,21 +652,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         results_io.save(result, raw_dir / f"virtual--{results_io.file_name(result)}")
         virtual.append(result)
-    live: list[ReplayResult] = []
+    runs: dict[tuple[str, str], list[ReplayResult]] = {}
     live_wall_s: dict[str, float] = {}
     if args.dry_run or args.virtual_only:
         if args.serve:
             for policy in policies:
                 command, serve_args = serve_command(args, policy, sizing.num_blocks)
                 port = "PORT" if args.port is None else str(args.port)
-                print(shlex.join([*command, "--host", "127.0.0.1", "--port", port, *serve_args]))
+                print(shlex.join([*_taskset(args.server_cpus, command), "--host", "127.0.0.1",
+                                  "--port", port, *serve_args]))
     else:
-        for policy in policies:
-            t0 = time.perf_counter()
-            live.append(live_replay(args, trace, name, policy, sizing.num_blocks, raw_dir))
-            live_wall_s[policy] = round(time.perf_counter() - t0, 3)
-    if live:
-        table, rows = comparison(live, virtual)
+        runs, live_wall_s = live_runs(args, trace, name, policies, sizing.num_blocks, raw_dir)
+    steps: dict[str, Any] = {}
+    if runs:
+        table, rows = comparison(runs, virtual)
+        table += "\n" + ranking(rows)
+        if args.step_log:
+            steps = {p: step_model_check(step_log_path(args, p), profile) for p in policies}
+            table += "\n" + step_table(steps)
     else:
         table = report.to_markdown(report.summarize(virtual))
         rows = []
@@ -367,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({env['processor']}), {env['vllm']}; {name}, {len(trace)} requests, capacity "
         f"{capacity:.0f} tokens/s, {sizing.num_blocks} KV blocks of {args.block_size} tokens, "
         f"profile {args.profile}{' (measured by --reprofile)' if args.reprofile else ''}"
-        f"{'' if live else ' — virtual side only'}; "
+        f"{'' if runs else ' — virtual side only'}; live: {args.runs} run(s) x "
+        f"{', '.join(args.client)}, server CPUs {args.server_cpus or 'any'}, client CPUs "
+        f"{args.client_cpus or 'any'}; "
         f"{time.perf_counter() - started:.0f} s wall._\n\n"
     )
     (out_dir / f"{NAME}.md").write_text(header + table, encoding="utf-8")
@@ -380,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
             "live_wall_s": live_wall_s,
             "profile_table": profile.to_json(),
             "rows": rows,
+            "step_model_check": steps,
             "kv_cache": sizing.to_json(),
             "capacity_tps": capacity,
             "trace": virtual[0].settings["trace"] if virtual else None,
