@@ -1,4 +1,4 @@
-"""`fairway trace build|stats|list|export` and `fairway data download|path`: thin shells."""
+"""`fairway trace build|stats|list|export|import` and `fairway data download|path`: thin shells."""
 
 from __future__ import annotations
 
@@ -68,6 +68,26 @@ def register(subparsers: Any) -> None:
     export.add_argument("-o", "--output", required=True, help="output file (.jsonl)")
     export.add_argument("--force", action="store_true", help="overwrite an existing output")
     export.set_defaults(handler=_export)
+
+    imp = tsub.add_parser(
+        "import", help="read a timed trace (vLLM's timed_trace / Mooncake JSONL) as a trace",
+        description="Write FILE, a timed trace that `vllm bench serve --dataset-name "
+        "timed_trace` replays (timestamp, input_length, output_length, hash_ids per line), as "
+        "a Fairway trace with the prompts vLLM's loader expands: one block per hash id, request "
+        "i = line i, arrivals from the first line (see fairway/traces/timed_import.py).",
+    )
+    imp.add_argument("file")
+    imp.add_argument("--chunk-tokens", type=int, required=True,
+                     help="tokens per hash id: the --timed-trace-chunk-hash-size vLLM replays "
+                     "the file with (512 for Mooncake's traces, 16 for `fairway trace export`)")
+    imp.add_argument("--sec-multiplier", type=positive_float, default=1.0,
+                     help="seconds per timestamp unit, vLLM's --timed-trace-sec-multiplier "
+                     "(0.001 for milliseconds; default 1)")
+    imp.add_argument("--name", default=None,
+                     help="name replays and reports give the trace (default: timed-trace)")
+    imp.add_argument("-o", "--output", required=True, help="output file (.jsonl or .jsonl.gz)")
+    imp.add_argument("--force", action="store_true", help="overwrite an existing output")
+    imp.set_defaults(handler=_import)
 
     lst = tsub.add_parser("list", help="families with their parameters, presets and shapes")
     lst.set_defaults(handler=_list)
@@ -184,6 +204,26 @@ def _export(args: argparse.Namespace) -> int:
         f"wrote {summary.num_requests} requests ({summary.num_chunk_ids} distinct "
         f"{summary.chunk_tokens}-token chunks) to {summary.path}; replay it with:\n  "
         + bench_command(summary),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from fairway.traces.format import write_trace
+    from fairway.traces.timed_import import import_timed_trace
+
+    refuse_overwrite(args.output, args.force)
+    trace = import_timed_trace(args.file, chunk_tokens=args.chunk_tokens,
+                               sec_multiplier=args.sec_multiplier, name=args.name)
+    path = write_trace(trace, args.output)
+    info = trace.header.info
+    chunks = {block for req in trace for block, _ in req.blocks}
+    cut = (f"; {info['num_cut']} prompts cut by {info['tokens_cut']} tokens where hash_ids ran "
+           "out (as vLLM's loader does)" if info["num_cut"] else "")
+    print(
+        f"wrote {len(trace)} requests ({sum(r.prompt_tokens for r in trace)} prompt tokens over "
+        f"{trace.header.duration_s:.1f} s, {len(chunks)} distinct chunks) to {path}{cut}",
         file=sys.stderr,
     )
     return 0

@@ -156,6 +156,10 @@ COMMANDS: dict[str, Entry] = {
     "100000 --timed-trace-chunk-hash-size 16 --save-result --save-detailed --result-dir "
     "results/vllm-bench":
         Entry("PARSE", "needs a running server and the served model's tokenizer"),
+    ".venv/bin/fairway trace import flood-vllm.jsonl -o flood-back.jsonl.gz --chunk-tokens 16":
+        Entry("RUN", "reads the export two commands before it"),
+    ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace flood-back.jsonl.gz":
+        Entry("PARSE", "needs a running server (and the trace the command before it wrote)"),
     ".venv/bin/python benchmarks/decision_trace_cost.py":
         Entry("PARSE", "a timing run of the decision trace, not a test"),
     ".venv/bin/fairway tiny-model /tmp/tiny --max-len 8192":
