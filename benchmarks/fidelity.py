@@ -1,4 +1,4 @@
-"""Fidelity check: one scaled SEC trace, live against `fairway serve` and on the virtual clock.
+"""Fidelity check: one trace, live against `fairway serve` and on the virtual clock.
 
     fairway tiny-model /tmp/tiny --max-len 8192          # once: the tiny CPU model
     # profile the served engine, then for each policy start `fairway serve`, replay live, stop
@@ -12,10 +12,20 @@
     # the virtual side only (no server), e.g. to check the set-up:
     python benchmarks/fidelity.py --profile tiny.json --virtual-only [--quick]
 
-`--reprofile` (with `--serve`) first runs `fairway profile --model MODEL_DIR` with the engine
-arguments the servers get (block size, step budget, `max_num_seqs`, model length, dummy weights,
-eager mode, `--serve-arg`s; not the KV block count, which depends on the trace and so on the
-table), writes `profile.json` (and its plot) into the output directory and uses it on both sides.
+`--reprofile` (with `--serve`) first measures the table (`fairway profile --url`) against a
+`fairway serve` started exactly as the live servers are (same engine arguments, same CPU pinning;
+not the KV block count, which depends on the trace and so on the table), with the profiler pinned
+as the live clients are; it writes `profile.json` into the output directory and uses it on both
+sides.
+
+Live runs (`--runs N`, default 3) reuse one server per policy: before each run its prefix cache is
+reset (vLLM's dev endpoint, so the servers run with VLLM_SERVER_DEV_MODE=1), `--warmup` short
+prompts are sent and the cache is reset again. `--client vllm-bench` also replays the trace with
+vLLM's own client (`vllm bench serve --dataset-name timed_trace` of the trace exported with 16-token
+chunks); `--client-cpus` / `--server-cpus` pin the two sides (taskset lists). `--step-log` makes
+each server write its step log (option `step_log`) and adds a check of the step-time model against
+every live engine step. `--live-from DIR` recomputes the comparison against the live runs an
+earlier run saved (e.g. with another table).
 
 The trace is a SEC preset built against the profile's capacity (`capacity_tps` at the step
 budget), so its loads mean the same stress on the profiled engine as on the GPU the paper's
@@ -97,6 +107,9 @@ def parse_args(argv: list[str] | None) -> Any:
         help="start `fairway serve MODEL_DIR` for each policy in turn",
     )
     where.add_argument("--virtual-only", action="store_true", help="no live side")
+    where.add_argument("--live-from", metavar="DIR",
+                       help="no new live runs: compare with the live runs (and step logs) an "
+                       "earlier run wrote into DIR (e.g. after changing the profile)")
     parser.add_argument(
         "--policy",
         action="append",
@@ -209,8 +222,29 @@ def engine_args(args: Any) -> list[str]:
 
 
 def step_log_path(args: Any, policy: str) -> Path:
-    """Where the server of `policy` writes its step log (--step-log)."""
-    return Path(args.out_dir) / "replays" / f"steps-{policy}.jsonl"
+    """Where the server of `policy` writes its step log (--step-log), or wrote it (--live-from)."""
+    return Path(args.live_from or args.out_dir) / "replays" / f"steps-{policy}.jsonl"
+
+
+def run_stem(name: str, policy: str, client: str, run: int) -> str:
+    """File stem of one live run's results (run counts from 1)."""
+    return f"live--{results_io.safe_name(name)}--{policy}--{client}--run{run}"
+
+
+def load_live_runs(
+    args: Any, name: str, policies: list[str]
+) -> dict[tuple[str, str], list[ReplayResult]]:
+    """The live runs an earlier run saved in --live-from DIR, for these policies and clients."""
+    raw = Path(args.live_from) / "replays"
+    runs: dict[tuple[str, str], list[ReplayResult]] = {}
+    for policy in policies:
+        for client in args.client:
+            paths = sorted(raw.glob(f"{run_stem(name, policy, client, 0)[:-1]}*.json"))
+            paths = [p for p in paths if not p.name.endswith(".vllm.json")]
+            if not paths:
+                raise FairwayConfigError(f"{raw}: no live runs of {policy} with client {client}")
+            runs[(client, policy)] = [results_io.load(p) for p in paths]
+    return runs
 
 
 def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], list[str]]:
@@ -358,22 +392,27 @@ def vllm_bench_run(
         "--result-dir", str(out_path.parent), "--result-filename", out_path.name,
         "--label", policy, "--disable-tqdm",
     ]
+    vllm_path = out_path.with_suffix(".vllm.json")
+    command[command.index("--result-filename") + 1] = vllm_path.name
     with (out_path.with_suffix(".log")).open("w") as log:
         rc = subprocess.run(_taskset(args.client_cpus, command), stdout=log,
                             stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         log_path = out_path.with_suffix(".log")
         raise RuntimeError(f"vllm bench serve failed (exit {rc}); see {log_path}")
-    result = load_vllm_result(out_path, policy=policy, trace_name=name)
+    result = load_vllm_result(vllm_path, policy=policy, trace_name=name)
     lengths = [r.prompt_tokens for r in result.requests]
     expected = [r.prompt_tokens for r in trace.requests]
     if lengths != expected:
-        raise RuntimeError(f"{out_path}: vllm bench serve sent other prompt lengths than the trace")
+        raise RuntimeError(f"{vllm_path}: vllm bench serve sent other prompt lengths than the "
+                           "trace")
     requests = [
         dataclasses.replace(got, request_id=req.request_id, phase=req.phase)
         for got, req in zip(result.requests, trace.requests, strict=True)
     ]
-    return dataclasses.replace(result, requests=requests)
+    result = dataclasses.replace(result, requests=requests)
+    results_io.save(result, out_path)
+    return result
 
 
 def live_runs(
@@ -398,7 +437,7 @@ def live_runs(
             for client in args.client:
                 if args.serve:
                     prepare_server(url, model, args.warmup, args.vocab_size)
-                stem = f"live--{results_io.safe_name(name)}--{policy}--{client}--run{run + 1}"
+                stem = run_stem(name, policy, client, run + 1)
                 if client == "fairway":
                     result = fairway_client_run(args, trace, name, policy, url,
                                                 raw_dir / f"{stem}.json")
@@ -661,13 +700,15 @@ def main(argv: list[str] | None = None) -> int:
                 port = "PORT" if args.port is None else str(args.port)
                 print(shlex.join([*_taskset(args.server_cpus, command), "--host", "127.0.0.1",
                                   "--port", port, *serve_args]))
+    elif args.live_from:
+        runs = load_live_runs(args, name, policies)
     else:
         runs, live_wall_s = live_runs(args, trace, name, policies, sizing.num_blocks, raw_dir)
     steps: dict[str, Any] = {}
     if runs:
         table, rows = comparison(runs, virtual)
         table += "\n" + ranking(rows)
-        if args.step_log:
+        if args.step_log or args.live_from:
             steps = {p: step_model_check(step_log_path(args, p), profile) for p in policies}
             table += "\n" + step_table(steps)
     else:
