@@ -155,9 +155,10 @@ def parse_args(argv: list[str] | None) -> Any:
                         help="extra argument for `fairway serve` (repeatable), e.g. "
                         "--serve-arg=--gpu-memory-utilization=0.15 on a small CPU machine")
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)
-    parser.add_argument("--runs", type=int, default=3,
+    parser.add_argument("--runs", type=int, default=None,
                         help="live runs per policy and client, on one server per policy whose "
-                        "prefix cache is reset (and warmed up) before each run (default 3)")
+                        "prefix cache is reset (and warmed up) before each run (default 3; 1 "
+                        "with --url)")
     parser.add_argument("--client", action="append", default=None, choices=CLIENTS,
                         help="live client (repeatable): fairway (`fairway replay --url`) and/or "
                         "vllm-bench (`vllm bench serve --dataset-name timed_trace` of the "
@@ -185,6 +186,8 @@ def parse_args(argv: list[str] | None) -> Any:
         parser.error("give --profile PATH_OR_NAME, or --reprofile with --serve")
     if args.profile is not None and args.reprofile:
         parser.error("--profile and --reprofile exclude each other")
+    if args.runs is None:
+        args.runs = 1 if args.url else 3
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     if args.url and args.runs > 1:
