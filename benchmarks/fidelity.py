@@ -69,6 +69,11 @@ from fairway.traces.format import Trace  # noqa: E402
 NAME = "fidelity"
 DEFAULT_POLICIES = ("fcfs", "lpm", "fairway")
 CLIENTS = ("fairway", "vllm-bench")
+#: The live servers' environment: dev endpoints for the cache reset, and idle connections kept
+#: for 5 min (vLLM closes them after 5 s, while `vllm bench serve` reuses them for 60 s: a request
+#: sent on one the server is closing fails with "Cannot write to closing transport").
+SERVER_ENV = {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_SERVER_DEV_MODE": "1",
+              "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "300"}
 #: Tokens per hash id of the trace handed to `vllm bench serve` (<= the KV block size).
 EXPORT_CHUNK_TOKENS = 16
 #: vLLM's CPU attention needs blocks of a multiple of 32 tokens (16 is refused at start-up).
@@ -461,7 +466,7 @@ def live_runs(
             with supervisor.running_server(
                 _taskset(args.server_cpus, command), serve_args,
                 log_path=raw_dir / f"serve-{policy}.log", port=args.port,
-                env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_SERVER_DEV_MODE": "1"},
+                env={**os.environ, **SERVER_ENV},
                 startup_timeout_s=args.startup_timeout_s,
                 name=f"fairway serve --policy {policy}",
                 say=lambda line: print(line, file=sys.stderr, flush=True),

@@ -52,14 +52,23 @@ def describe(exc: BaseException) -> str:
     return short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
+#: Seconds an idle connection is kept for reuse (below vLLM's server-side 5 s; see new_session).
+KEEPALIVE_S = 2.0
+
+
 def new_session() -> aiohttp.ClientSession:
     """A session for measuring; create it inside the running event loop.
 
     No pool cap (`limit=0`): queued sends would silently add pool wait to a measured TTFT. No
     total timeout: callers bound each request with `asyncio.timeout`. aiohttp ignores proxy
     variables by default (`trust_env=False`), so a proxy cannot add its latency to samples.
+
+    Idle connections are reused for at most `KEEPALIVE_S`, below the 5 s after which vLLM's
+    server closes them (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): a POST sent on a connection the server is
+    closing fails ("Cannot write to closing transport"), which is how `vllm bench serve`, whose
+    client keeps idle connections for 60 s, loses requests after a pause in a trace.
     """
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
