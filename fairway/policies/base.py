@@ -101,12 +101,15 @@ class StepBudget:
         ahead: remaining tokens of requests the engine serves from the waiting queue before the
             policy's order (preempted requests it keeps at the head), in that order.
         ahead_ids: their ids.
+        scan: how many positions of the waiting order vLLM's scan can reach this step (None:
+            any); a policy may order only those exactly and leave the rest in row order.
     """
 
     tokens: int
     free_slots: int
     ahead: tuple[int, ...] = ()
     ahead_ids: tuple[str, ...] = ()
+    scan: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,8 @@ class _Placed:
     num_fixed: int  # preempted requests kept at the head
     num_ordered: int  # requests the policy ordered, right after the fixed ones
     lanes: list[str] | None  # lane per ordered position (Fairway), None: one lane
+    #: Lane of each request admitted from the ordered positions (set after the step).
+    admitted_lanes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -275,7 +277,8 @@ class FairwaySchedulerMixin:
         """Ask the policy for this step's order and split (raises like `order()` may)."""
         prefilling, decode_tokens = share.running_prefills(self)
         firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
-        budget = share.step_budget(self, decode_tokens, firsts)
+        scan = probe.scan_bound(self) if self._fairway_head_only else None
+        budget = share.step_budget(self, decode_tokens, firsts, scan)
         policy, now = self.fairway_policy, self.fairway_clock()
         if not getattr(policy, "step_share_columns", False) and isinstance(waiting, QueueColumns):
             waiting = waiting.views()  # a policy that takes views only
@@ -404,6 +407,7 @@ class FairwaySchedulerMixin:
         limit = len(scheduled) + probe.deferred_count(self)
         admitted: list[Request] = []
         placed_counts = self.fairway_stats.placed
+        admitted_lanes = placed.admitted_lanes
         for k, request in enumerate(placed.queue[:limit]):
             if request.request_id not in scheduled:  # vLLM internal: Request.request_id
                 continue
@@ -411,6 +415,7 @@ class FairwaySchedulerMixin:
             ordered_pos = k - placed.num_fixed
             if 0 <= ordered_pos < placed.num_ordered:  # not preempted-first, not oversized
                 lane = placed.lanes[ordered_pos] if placed.lanes is not None else "single"
+                admitted_lanes[request.request_id] = lane
                 if lane != UNPLACED_LANE:  # past an `order_head` head: no lane placed it
                     placed_counts[lane] = placed_counts.get(lane, 0) + 1
         return admitted
