@@ -67,6 +67,8 @@ class ArmResult:
     #: Median of Fairway's own pre-pass (what `fairway:prepass_seconds` observes; wall time).
     prepass_ms: float | None = None
     samples_ms: list[float] = field(default_factory=list, repr=False)
+    #: Requests started per measured step ("admit" steps; vLLM's own work grows with it).
+    admitted_mean: float | None = None
 
 
 class Workload:
@@ -184,13 +186,25 @@ def _unprobed(sched: Any) -> int:
 
 
 def _result(
-    arm: str, kind: str, n: int, samples: list[float], prepass: Sequence[float | None] = ()
+    arm: str,
+    kind: str,
+    n: int,
+    samples: list[float],
+    prepass: Sequence[float | None] = (),
+    admitted: Sequence[int] = (),
 ) -> ArmResult:
     ms = [s * 1e3 for s in samples]
     p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) >= 2 else ms[0]
     ran = [p * 1e3 for p in prepass if p is not None]
     return ArmResult(
-        arm, kind, n, statistics.median(ms), p90, statistics.median(ran) if ran else None, ms
+        arm,
+        kind,
+        n,
+        statistics.median(ms),
+        p90,
+        statistics.median(ran) if ran else None,
+        ms,
+        statistics.mean(admitted) if admitted else None,
     )
 
 
@@ -233,6 +247,7 @@ def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[Ar
     next_k = work.num_waiting
     admit: list[float] = []
     busy: list[float] = []
+    started: list[int] = []  # requests admitted per "admit" step
     spent_on: dict[str, list[float | None]] = {"admit": [], "busy": []}
     step_no = 0
     while step_no < args.warmup + args.steps:
@@ -249,13 +264,17 @@ def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[Ar
         elapsed += time.thread_time() - start
         if step_no >= args.warmup:
             (admit if admitted else busy).append(elapsed)
+            if admitted:
+                started.append(admitted)
             spent_on["admit" if admitted else "busy"].append(spent)
         step_no += 1
     if arm != "vllm":
         assert sched.fairway_totals.policy_fallbacks == 0
     results = []
     if admit:
-        results.append(_result(arm, "admit", work.num_waiting, admit, spent_on["admit"]))
+        results.append(
+            _result(arm, "admit", work.num_waiting, admit, spent_on["admit"], started)
+        )
     if busy:
         results.append(_result(arm, "busy", work.num_waiting, busy, spent_on["busy"]))
     return results
@@ -331,12 +350,13 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
 
 
 def markdown(results: list[ArmResult]) -> str:
-    """One row per size, kind and arm: median and p90, added over vLLM's median, ratio."""
+    """One row per size, kind and arm: median and p90, added over vLLM's median, ratio, the
+    pre-pass, and the requests started per "admit" step."""
     base = {(r.waiting, r.kind): r for r in results if r.arm == "vllm"}
     lines = [
         "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | "
-        "added p90 ms | ratio | pre-pass median ms |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        "added p90 ms | ratio | pre-pass median ms | started per step |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind))):
         b = base.get((r.waiting, r.kind))
@@ -347,9 +367,10 @@ def markdown(results: list[ArmResult]) -> str:
             added, added_p90 = f"{r.median_ms - b.median_ms:+.3f}", f"{r.p90_ms - b.p90_ms:+.3f}"
         ratio = f"{r.median_ms / b.median_ms:.2f}" if b is not None else "-"
         prepass = f"{r.prepass_ms:.3f}" if r.prepass_ms is not None else "-"
+        started = f"{r.admitted_mean:.2f}" if r.admitted_mean is not None else "-"
         lines.append(
             f"| {r.waiting:,} | {r.kind} | {arm} | {r.median_ms:.3f} | {r.p90_ms:.3f} | "
-            f"{added} | {added_p90} | {ratio} | {prepass} |"
+            f"{added} | {added_p90} | {ratio} | {prepass} | {started} |"
         )
     return "\n".join(lines)
 

@@ -12,9 +12,19 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from fairway.errors import FairwayConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from fairway.policies.columns import QueueColumns
+
+#: The lane label of an ordered position that `Policy.order_head` left in queue order: no lane
+#: placed it. Equal to `fairway.vllm.metrics.NO_LANE` ("admitted outside Fairway's order");
+#: `fairway:requests_placed_total` does not count such admissions.
+UNPLACED_LANE = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +101,15 @@ class StepBudget:
         ahead: remaining tokens of requests the engine serves from the waiting queue before the
             policy's order (preempted requests it keeps at the head), in that order.
         ahead_ids: their ids.
+        scan: how many positions of the waiting order vLLM's scan can reach this step (None:
+            any); a policy may order only those exactly and leave the rest in row order.
     """
 
     tokens: int
     free_slots: int
     ahead: tuple[int, ...] = ()
     ahead_ids: tuple[str, ...] = ()
+    scan: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +164,25 @@ class Policy:
     #: The policy decides each step's token split (`step_share`) and wants `on_step_end`'s
     #: `prefill_by_request`; callers call `step_share` instead of `order`.
     shares_steps: ClassVar[bool] = False
+    #: The policy can order just the head of the queue exactly (`order_head`). Only for policies
+    #: that keep no state across steps: the positions past the head are not ordered at all.
+    orders_head: ClassVar[bool] = False
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         """Return a permutation of `range(len(queue))`, highest priority first."""
+        raise NotImplementedError
+
+    def order_head(self, cols: QueueColumns, now: float, head: int) -> np.ndarray:
+        """The first `head` positions of the order, then the other rows in row (queue) order.
+
+        For policies with `orders_head`. vLLM's scan admits at most its free request slots from
+        the head of the queue, in order, so a caller that knows no more than `head` positions can
+        be admitted this step asks for these only. Contract: a permutation of `range(len(cols))`
+        whose first min(head, n) entries equal those of the full order exactly (same ties), and
+        whose other entries are the remaining rows in increasing row order; `last_lanes` (if the
+        policy keeps it) labels those positions `UNPLACED_LANE`. Cost: O(n) numpy + O(head)
+        Python, where the full order costs O(n log n) and per-request Python.
+        """
         raise NotImplementedError
 
     def step_share(

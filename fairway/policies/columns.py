@@ -99,6 +99,14 @@ def order_of(policy: Any, cols: QueueColumns, now: float) -> Any:
     return policy.order(cols.views(), now)
 
 
+def head_order_of(policy: Any, cols: QueueColumns, now: float, head: int) -> Any:
+    """An order whose first `head` positions are exact: `policy.order_head(cols, now, head)` for a
+    policy with `orders_head` and head < n (the rest stays in row order), else the full order."""
+    if head < len(cols) and getattr(type(policy), "orders_head", False):
+        return policy.order_head(cols, now, head)
+    return order_of(policy, cols, now)
+
+
 def check_permutation(order: Any, n: int) -> np.ndarray:
     """`order` as an intp array if it is a permutation of range(n), else ValueError."""
     arr = np.asarray(order)

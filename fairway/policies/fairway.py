@@ -14,6 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from fairway.policies.base import (
+    UNPLACED_LANE,
     PrefillingRequest,
     QueuedRequest,
     StepBudget,
@@ -21,7 +22,7 @@ from fairway.policies.base import (
     register_policy,
 )
 from fairway.policies.columns import QueueColumns
-from fairway.policies.fairway_step import FastScore, _Columns
+from fairway.policies.fairway_step import FastScore, _Columns, _top
 from fairway.policies.share import Item, ShareLedger, demand_served, plan_step
 
 
@@ -112,17 +113,20 @@ class FairwayPolicy(FastScore):
         per-request Python work is then limited to the requests that can get tokens this step."""
         queue = waiting if isinstance(waiting, QueueColumns) else QueueColumns.of(waiting)
         n = len(queue)
-        cols = _Columns(
-            queue.arrival,
-            queue.prompt_tokens.astype(np.float64),
-            queue.cached_tokens.astype(np.float64),
-            queue.remaining,
-        )
-        fast = np.lexsort((cols.arrival, -self._scores(cols, now))) if n else np.zeros(0, int)
+        cols = _Columns.of_columns(queue)
         front_wait, front_run = _front(queue, prefilling)
+        scan = budget.scan if budget is not None else None
+        neg = -self._scores(cols, now) if n else np.zeros(0)
+        fast = _fast_prefix(cols, neg, front_wait, budget, n if scan is None else scan)
         rest = fast[fast != front_wait] if front_wait is not None else fast
-        head = [front_wait] if front_wait is not None else []
-        share = StepShare(head + rest.tolist())
+        lead = [front_wait] if front_wait is not None else []
+        if len(fast) == n:  # the whole lane: the order the policy defines
+            share = StepShare(lead + rest.tolist())
+        else:  # the head vLLM's scan can reach exactly, the others in row order (`order_head`)
+            placed = np.zeros(n, dtype=bool)
+            placed[rest] = True
+            placed[lead] = True
+            share = StepShare([*lead, *rest.tolist(), *np.flatnonzero(~placed).tolist()])
         self._pending = None
         if front_run is not None:
             front = Item(prefilling[front_run].request_id, prefilling[front_run].remaining, False)
@@ -133,9 +137,12 @@ class FairwayPolicy(FastScore):
             front = None
         if budget is not None and front is not None:
             share = self._split(share, front, queue, cols, rest, prefilling, budget, now)
-        lanes = ["fast"] * n
+        lanes = ["fast"] * (len(lead) + len(rest)) + [UNPLACED_LANE] * (n - len(lead) - len(rest))
         if front_wait is not None and share.front_id == front.request_id:  # type: ignore[union-attr]
-            lanes[share.waiting_order.index(front_wait)] = "fair"
+            if share.waiting_order[0] == front_wait:
+                lanes[0] = "fair"
+            else:  # moved behind everyone (`_split`): the rotation moves the labels with it
+                lanes = lanes[1:] + ["fair"]
         self.last_lanes = lanes
         self.last_share = share
         return share
@@ -158,7 +165,8 @@ class FairwayPolicy(FastScore):
         the largest demand of the others (never granted: the slots are gone by then; it keeps
         the caps' search ranges as with the whole queue).
         """
-        waiting = _items(queue, cols, rest, max(0, budget.free_slots))
+        lead = share.waiting_order[:1] if front.waiting else []  # the front's row
+        waiting = _items(queue, cols, rest, max(0, budget.free_slots), lead)
         running = [
             Item(p.request_id, p.remaining, False)
             for p in prefilling
@@ -302,12 +310,55 @@ def _covering(rest: np.ndarray, work: np.ndarray, tokens: int) -> np.ndarray:
     return rest[: int(covered) + 1]
 
 
-def _items(queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int) -> list[Item]:
+def _items(
+    queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int, lead: list[int]
+) -> list[Item]:
     """The first `slots` Fast-lane waiting requests as `Item`s, then one with the largest
-    demand of the rest (if any): vLLM's scan can start no more than `slots` of them."""
+    demand of the rest (if any): vLLM's scan can start no more than `slots` of them.
+
+    `rest` may be a prefix of the lane (at least `slots` long unless it is all of it); the
+    largest demand is taken over every row but the first `slots` and the front (`lead`)."""
     top = rest[:slots]
     demands = cols.work[top].astype(np.int64).tolist()
     items = [Item(i, d, True) for i, d in zip(queue.ids_of(top), demands, strict=True)]
-    if len(rest) > slots:
-        items.append(Item("", int(cols.work[rest[slots:]].max()), True))
+    others = np.ones(len(queue), dtype=bool)
+    others[top] = False
+    others[lead] = False
+    if others.any():
+        items.append(Item("", int(cols.work[others].max()), True))
     return items
+
+
+#: The first prefix `_fast_prefix` tries (grown 4x while too short).
+_MIN_PREFIX = 64
+
+
+def _fast_prefix(
+    cols: _Columns,
+    neg: np.ndarray,
+    front: int | None,
+    budget: StepBudget | None,
+    scan: int,
+) -> np.ndarray:
+    """The Fast lane's first entries, exactly (descending score, then older, then position):
+    the whole lane, or a prefix long enough for everything the step's plan reads.
+
+    The plan reads the first `free_slots` requests after the front (`_items`), the shortest
+    prefix whose work covers the step's tokens (`_covering`, at most P) and the first `scan`
+    positions of the order (vLLM's scan reaches no further). A prefix found by partial selection
+    (`_top`: every row tied with the last one kept, then sorted by the lane's keys) is grown
+    until it holds all three; O(n) numpy per try and a sort of the prefix."""
+    n = len(neg)
+    if budget is None or scan >= n:
+        return np.lexsort((cols.arrival, neg))
+    need = max(scan, budget.free_slots) + 1  # + 1: the front may sit among them
+    k = min(n, max(need, _MIN_PREFIX))
+    while True:
+        top = _top(neg, k)
+        fast = top[np.lexsort((cols.arrival[top], neg[top]))][:k]
+        if k >= n:
+            return fast
+        rest = fast[fast != front] if front is not None else fast
+        if len(rest) >= need - 1 and float(cols.work[rest].sum()) >= max(0, budget.tokens):
+            return fast
+        k = min(n, 4 * k)

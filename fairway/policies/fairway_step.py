@@ -14,7 +14,8 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fairway.policies.base import Policy, QueuedRequest, register_policy
+from fairway.policies.base import UNPLACED_LANE, Policy, QueuedRequest, register_policy
+from fairway.policies.columns import QueueColumns
 from fairway.profiling.table import PrefillProfile, load
 
 WaitMode = Literal["relative", "absolute"]
@@ -36,6 +37,16 @@ class _Columns:
         prompt = np.fromiter((r.prompt_tokens for r in queue), np.float64, n)
         cached = np.fromiter((r.cached_tokens for r in queue), np.float64, n)
         return cls(arrival, prompt, cached, np.maximum(prompt - cached, 1.0))
+
+    @classmethod
+    def of_columns(cls, queue: QueueColumns) -> _Columns:
+        """The scheduler's columns as floats (the same values `of` computes from views)."""
+        return cls(
+            queue.arrival,
+            queue.prompt_tokens.astype(np.float64),
+            queue.cached_tokens.astype(np.float64),
+            queue.remaining,
+        )
 
 
 @dataclass(eq=False)
@@ -106,6 +117,23 @@ class FastScore(Policy):
         # lexsort: the last key is primary; it is stable, so queue position breaks the last tie.
         return np.lexsort((cols.arrival, -self._scores(cols, now))).tolist()
 
+    def _fast_head(self, cols: _Columns, now: float, head: int) -> np.ndarray:
+        """The first `head` entries of `_fast_lane`, in O(n) numpy plus a sort of the top."""
+        neg = -self._scores(cols, now)
+        top = _top(neg, head)
+        # Positions ascending in `top`, and lexsort is stable: the same three keys as the lane.
+        return top[np.lexsort((cols.arrival[top], neg[top]))][:head]
+
+
+def _top(key: np.ndarray, head: int) -> np.ndarray:
+    """Rows whose `key` is among the `head` smallest, every row tied with the head-th included,
+    in increasing row order (so a stable sort of them keeps queue position as the last tie)."""
+    n = len(key)
+    if head >= n:
+        return np.arange(n)
+    threshold = key[np.argpartition(key, head - 1)[head - 1]]
+    return np.flatnonzero(key <= threshold)
+
 
 @register_policy("fairway-step")
 @register_policy("fairway-abswait", wait_mode="absolute")
@@ -138,6 +166,13 @@ class FairwayStepPolicy(FastScore):
     Caller's contract: call `order()` before every step with the whole waiting queue and the
     current time on the clock of `QueuedRequest.arrival`. The policy keeps no state across steps;
     `last_lanes` reports which lane placed each position of the last order (for metrics).
+
+    Head only (`order_head`, what the scheduler calls): the merge reads each lane only at its
+    first entry not yet placed, and after k placements at most k entries of a lane are placed, so
+    the first `head` placements read only the first `head` entries of each lane. These are found
+    exactly by a partial selection (every entry tied with the head-th kept, then sorted with the
+    lane's own keys), and the merge runs `head` times: the first `head` positions equal
+    `order()`'s; the other rows follow in queue order, labelled `UNPLACED_LANE`.
     """
 
     #: "relative" (wait / SLO) or "absolute" (wait / patience_floor_s): the E4 ablation.
@@ -146,6 +181,7 @@ class FairwayStepPolicy(FastScore):
     fair_lane: bool = True
 
     last_lanes: list[str] = field(init=False, repr=False, default_factory=list)
+    orders_head: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -160,41 +196,71 @@ class FairwayStepPolicy(FastScore):
         return self.patience_floor_s
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
-        cols = _Columns.of(queue)
+        return self._order(_Columns.of(queue), now)
+
+    def order_columns(self, cols: QueueColumns, now: float) -> list[int]:
+        """`order()` over the scheduler's numpy columns (no views built): the same order."""
+        return self._order(_Columns.of_columns(cols), now)
+
+    def _order(self, cols: _Columns, now: float) -> list[int]:
         fast = self._fast_lane(cols, now)
         if not self.fair_lane:
             self.last_lanes = ["fast"] * len(fast)
             return fast
         fair = np.argsort(cols.arrival, kind="stable").tolist()
-        return self._merge(cols.work.tolist(), fast, fair)
+        return self._merge(cols.work.tolist(), fast, fair, len(fast))
 
-    def _merge(self, work: list[float], fast: list[int], fair: list[int]) -> list[int]:
-        """Interleave the two lanes by work charges (see the class docstring)."""
-        n = len(work)
-        if n == 0:
+    def order_head(self, cols: QueueColumns, now: float, head: int) -> np.ndarray:
+        """The first `head` positions of `order()` exactly, then the rest in row order (see the
+        class docstring); O(n) numpy and O(head) Python."""
+        n = len(cols)
+        head = max(0, min(head, n))
+        columns = _Columns.of_columns(cols)
+        fast = self._fast_head(columns, now, head)
+        if not self.fair_lane:
+            first = fast.tolist()
+            self.last_lanes = ["fast"] * head
+        else:
+            fair = _top(columns.arrival, head)
+            fair = fair[np.argsort(columns.arrival[fair], kind="stable")][:head]
+            work = columns.work  # read only at the rows the merge places
+            first = self._merge(work, fast.tolist(), fair.tolist(), head)
+        self.last_lanes += [UNPLACED_LANE] * (n - head)
+        rest = np.ones(n, dtype=bool)
+        rest[first] = False
+        return np.concatenate([np.asarray(first, dtype=np.intp), np.flatnonzero(rest)])
+
+    def _merge(
+        self, work: Sequence[float] | np.ndarray, fast: list[int], fair: list[int], count: int
+    ) -> list[int]:
+        """Interleave the two lanes by work charges (see the class docstring), `count` placements.
+
+        Each lane is read only at its first entry not yet placed, so `fast` and `fair` need only
+        their first `count` entries."""
+        if count == 0:
             self.last_lanes = []
             return []
         weight = self.fast_weight
-        placed = [False] * n
+        placed: set[int] = set()
         result: list[int] = []
         lanes: list[str] = []
         fast_pos = fair_pos = 0
-        fast_ledger = weight * work[fast[0]]
+        fast_ledger = weight * float(work[fast[0]])
         fair_ledger = float(work[fair[0]])
-        for _ in range(n):
-            while placed[fast[fast_pos]]:
+        for _ in range(count):
+            while fast[fast_pos] in placed:
                 fast_pos += 1
-            while placed[fair[fair_pos]]:
+            while fair[fair_pos] in placed:
                 fair_pos += 1
             if fast_ledger <= fair_ledger:
                 i = fast[fast_pos]
-                fast_ledger += weight * work[i]
+                fast_ledger += weight * float(work[i])
                 lanes.append("fast")
             else:
                 i = fair[fair_pos]
-                fair_ledger += work[i]
+                fair_ledger += float(work[i])
                 lanes.append("fair")
-            placed[i] = True
+            placed.add(i)
             result.append(i)
         self.last_lanes = lanes
         return result

@@ -102,13 +102,9 @@ class StepObserver:
 
 
 def _lanes_by_id(placed: Any) -> dict[str, str]:
-    """Request id -> lane that placed it at this step (requests outside the order: absent)."""
-    if placed is None:
-        return {}
-    start = placed.num_fixed
-    ordered = placed.queue[start : start + placed.num_ordered]
-    lanes = placed.lanes if placed.lanes is not None else ["single"] * len(ordered)
-    return {r.request_id: lane for r, lane in zip(ordered, lanes, strict=True)}
+    """Request id -> lane that placed it, for the requests admitted from the order at this step
+    (the scheduler records them; others: absent). Not built over the whole queue: O(admitted)."""
+    return placed.admitted_lanes if placed is not None else {}
 
 
 def for_scheduler(scheduler: Any) -> StepObserver | None:

@@ -84,8 +84,8 @@ def request_fields(request: Request) -> tuple[str, float, int]:
     return request.request_id, request.arrival_time, request.num_tokens
 
 
-def can_admit(scheduler: Scheduler) -> bool:
-    """False when vLLM's step cannot start a waiting request: every request slot is taken.
+def free_slots(scheduler: Scheduler) -> int:
+    """How many waiting requests vLLM's step may still start: its free request slots.
 
     vLLM's admission loop stops at once when `running` (plus paused streaming sessions) fills
     `max_num_active_reqs` (0.32; `max_num_running_reqs`, the slot count, elsewhere). Preemption in
@@ -96,7 +96,29 @@ def can_admit(scheduler: Scheduler) -> bool:
     if not isinstance(limit, int):
         limit = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
     paused = getattr(scheduler, "num_waiting_for_streaming_input", 0)
-    return len(scheduler.running) + (paused if isinstance(paused, int) else 0) < limit
+    return max(0, limit - len(scheduler.running) - (paused if isinstance(paused, int) else 0))
+
+
+def can_admit(scheduler: Scheduler) -> bool:
+    """False when vLLM's step cannot start a waiting request: every request slot is taken."""
+    return free_slots(scheduler) > 0
+
+
+def scan_bound(scheduler: Scheduler) -> int | None:
+    """How many positions of the waiting queue vLLM's scan can reach this step; None: any.
+
+    The scan starts at most `free_slots` requests, taken from the head in order, and reads one
+    more position for each request it skips without starting it. Requests it skipped in earlier
+    steps and that still wait (`deferred_waiting`: grammar not ready, remote KV loading, stale
+    output) are counted as possible skips. The LoRA limit and a KV connector can skip any request,
+    so with either configured the bound is None (order the whole queue).
+    """
+    # vLLM internal: Scheduler.lora_config / connector (absent: assume they may skip)
+    if getattr(scheduler, "lora_config", True) is not None:
+        return None
+    if getattr(scheduler, "connector", True) is not None:
+        return None
+    return free_slots(scheduler) + deferred_count(scheduler)
 
 
 def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:

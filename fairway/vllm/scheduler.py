@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,8 @@ import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.options import FairwayOptions
-from fairway.policies.columns import QueueColumns, check_permutation, order_of
+from fairway.policies.base import UNPLACED_LANE
+from fairway.policies.columns import QueueColumns, check_permutation, head_order_of
 from fairway.vllm import observe, plugin, probe, protect, share
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
@@ -45,6 +46,8 @@ class _Placed:
     num_fixed: int  # preempted requests kept at the head
     num_ordered: int  # requests the policy ordered, right after the fixed ones
     lanes: list[str] | None  # lane per ordered position (Fairway), None: one lane
+    #: Lane of each request admitted from the ordered positions (set after the step).
+    admitted_lanes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -65,6 +68,8 @@ class FairwaySchedulerMixin:
         fairway_totals: `FairwayStats` accumulated since construction.
         fairway_last_views / fairway_last_order: the policy's input and output at the last
             ordered step (views of the orderable requests, built when read; indices into them).
+            The order is the one applied: for a policy with `orders_head`, exact in the positions
+            vLLM's scan can reach (`probe.scan_bound`), the rest in their queue order.
         fairway_clock: `() -> seconds`, the `now` given to the policy; must be on the clock of
             `Request.arrival_time` (wall clock, `time.time`, in vLLM). Assign another callable
             to the attribute (or call `set_fairway_clock`) for a virtual clock.
@@ -113,6 +118,9 @@ class FairwaySchedulerMixin:
             _make_calibration(self) if options.self_calibrate or options.step_log else None
         )
         self._fairway_shares = _share_enabled(self, policy)
+        #: Order only the positions vLLM's scan can reach (policies with `orders_head`); tests
+        #: set it False to compare with the full order.
+        self._fairway_head_only = True
         self._fairway_share: policies.StepShare | None = None
         # issue 14: hit/miss queue metrics and the decision trace; None (nil cost) when both off
         self._fairway_observer = observe.for_scheduler(self)
@@ -130,7 +138,8 @@ class FairwaySchedulerMixin:
 
     @property
     def fairway_last_order(self) -> list[int]:
-        """The policy's order at the last ordered step (indices into `fairway_last_views`)."""
+        """The order applied at the last ordered step (indices into `fairway_last_views`); for a
+        policy with `orders_head` only its head is the policy's (see `probe.scan_bound`)."""
         order = self._fairway_last.order
         return order.tolist() if order is not None else []
 
@@ -233,8 +242,12 @@ class FairwaySchedulerMixin:
         n = len(cols)
         if self._fairway_shares:
             raw = self._fairway_step_share(cols, snap.fixed).waiting_order
+        elif n:
+            bound = probe.scan_bound(self) if self._fairway_head_only else None
+            head = n if bound is None else min(n, bound)
+            raw = head_order_of(self.fairway_policy, cols, self.fairway_clock(), head)
         else:
-            raw = order_of(self.fairway_policy, cols, self.fairway_clock()) if n else []
+            raw = []
         try:
             order = check_permutation(raw, n)
         except ValueError as exc:
@@ -266,7 +279,8 @@ class FairwaySchedulerMixin:
         """Ask the policy for this step's order and split (raises like `order()` may)."""
         prefilling, decode_tokens = share.running_prefills(self)
         firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
-        budget = share.step_budget(self, decode_tokens, firsts)
+        scan = probe.scan_bound(self) if self._fairway_head_only else None
+        budget = share.step_budget(self, decode_tokens, firsts, scan)
         policy, now = self.fairway_policy, self.fairway_clock()
         if not getattr(policy, "step_share_columns", False) and isinstance(waiting, QueueColumns):
             waiting = waiting.views()  # a policy that takes views only
@@ -385,7 +399,9 @@ class FairwaySchedulerMixin:
         """Requests admitted from our order, in admission order; counts them by lane.
 
         vLLM pops admitted requests from the head and puts skipped ones back at the head, so the
-        admitted ones lie within the first (scheduled + skipped) positions of our order.
+        admitted ones lie within the first (scheduled + skipped) positions of our order. One
+        admitted past an `order_head` head (vLLM skipped more than `probe.scan_bound` foresaw)
+        was placed by no lane and is not counted.
         """
         scheduled = probe.scheduled_tokens(output)
         if not scheduled:
@@ -393,6 +409,7 @@ class FairwaySchedulerMixin:
         limit = len(scheduled) + probe.deferred_count(self)
         admitted: list[Request] = []
         placed_counts = self.fairway_stats.placed
+        admitted_lanes = placed.admitted_lanes
         for k, request in enumerate(placed.queue[:limit]):
             if request.request_id not in scheduled:  # vLLM internal: Request.request_id
                 continue
@@ -400,7 +417,9 @@ class FairwaySchedulerMixin:
             ordered_pos = k - placed.num_fixed
             if 0 <= ordered_pos < placed.num_ordered:  # not preempted-first, not oversized
                 lane = placed.lanes[ordered_pos] if placed.lanes is not None else "single"
-                placed_counts[lane] = placed_counts.get(lane, 0) + 1
+                admitted_lanes[request.request_id] = lane
+                if lane != UNPLACED_LANE:  # past an `order_head` head: no lane placed it
+                    placed_counts[lane] = placed_counts.get(lane, 0) + 1
         return admitted
 
     def _fairway_trim(self) -> None:

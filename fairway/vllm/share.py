@@ -96,9 +96,13 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
 
 
 def step_budget(
-    scheduler: Scheduler, decode_tokens: int, ahead: list[tuple[str, int]]
+    scheduler: Scheduler,
+    decode_tokens: int,
+    ahead: list[tuple[str, int]],
+    scan: int | None = None,
 ) -> StepBudget:
-    """P (the token budget minus decode tokens), free request slots, requests served first."""
+    """P (the token budget minus decode tokens), free request slots, requests served first,
+    and `scan`, the positions of the waiting queue vLLM's scan can reach (`probe.scan_bound`)."""
     tokens = scheduler.max_num_scheduled_tokens - decode_tokens  # vLLM internal
     slots = scheduler.max_num_active_reqs - len(scheduler.running)  # vLLM internal
     return StepBudget(
@@ -106,6 +110,7 @@ def step_budget(
         free_slots=max(0, slots),
         ahead=tuple(n for _, n in ahead),
         ahead_ids=tuple(i for i, _ in ahead),
+        scan=scan,
     )
 
 

@@ -167,11 +167,12 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/python benchmarks/fidelity.py --reprofile --serve /tmp/tiny --quick "
     "--serve-arg=--gpu-memory-utilization=0.15 --out results/fidelity":
         Entry("PARSE", "starts servers and replays live for minutes"),
-    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step lpm --sizes 1000 "
-    "10000":
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
+    "--sizes 100 1000 10000":
+        Entry("PARSE", "minutes of engine steps at 100 to 10,000 waiting"),
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
+    "--running 256 --sizes 1000 10000 --kinds admit busy":
         Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
-    ".venv/bin/python benchmarks/scheduler_overhead.py":
-        Entry("PARSE", "about a minute of engine steps"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # docs/deployment.md

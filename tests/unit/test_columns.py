@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -154,7 +155,7 @@ def test_fairway_share_over_the_step_head_equals_the_whole_queue(
 
     fast = plan(get("fairway"))
 
-    def all_items(queue, cols, rest, slots):
+    def all_items(queue, cols, rest, slots, lead):
         ids = queue.ids_of(rest)
         return [Item(i, int(cols.work[r]), True) for i, r in zip(ids, rest.tolist(), strict=True)]
 
@@ -162,3 +163,59 @@ def test_fairway_share_over_the_step_head_equals_the_whole_queue(
         patch.setattr(fairway_policy, "_items", all_items)
         patch.setattr(fairway_policy, "_covering", lambda rest, work, tokens: rest)
         assert plan(get("fairway")) == fast
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    slots=st.integers(0, 6),
+    tokens=st.sampled_from([0, 64, 512, 2_048, 100_000]),
+    num_running=st.integers(0, 3),
+    scan=st.integers(0, 32),
+    ties=st.booleans(),
+    first=st.sampled_from([1, 2, 64]),
+)
+def test_fairway_share_over_the_scanned_head_equals_the_whole_queue(
+    seed: int, slots: int, tokens: int, num_running: int, scan: int, ties: bool, first: int
+) -> None:
+    """With `StepBudget.scan`, `fairway` sorts only a prefix of the Fast lane: the split is the
+    one over the whole queue, the first `scan` positions of the order and their lanes too, and
+    the other rows follow in row order (the front, when moved behind everyone, last)."""
+    from fairway.policies.base import UNPLACED_LANE, PrefillingRequest, StepBudget
+
+    rng = random.Random(seed)
+    queue = []
+    for i in range(rng.choice([0, 1, 5, 30, 200])):  # misses, half hits, near-full hits
+        prompt = rng.randint(20, 3_000)
+        cached = rng.choice((0, prompt // 2, max(0, prompt - rng.randint(1, 40))))
+        arrival = float(rng.choice([0, 1, 2])) if ties else rng.uniform(0, 10)
+        queue.append(QueuedRequest(f"r{i}", arrival, prompt, cached))
+    running = tuple(
+        PrefillingRequest(f"p{j}", rng.uniform(0, 9), rng.randint(1, 900), 1_000)
+        for j in range(num_running)
+    )
+    from fairway.policies import fairway as fairway_policy
+
+    whole, head = get("fairway"), get("fairway")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(fairway_policy, "_MIN_PREFIX", first)  # the first prefix tried, then grown
+    for _ in range(3):  # a few steps: the ledgers carry over
+        full = whole.step_share(queue, running, StepBudget(tokens, slots), 10.0)
+        got = head.step_share(queue, running, StepBudget(tokens, slots, scan=scan), 10.0)
+        assert dataclasses.replace(got, waiting_order=[]) == dataclasses.replace(
+            full, waiting_order=[]
+        )
+        n, k = len(queue), min(scan, len(queue))
+        order = list(got.waiting_order)
+        assert sorted(order) == list(range(n))
+        assert order[:k] == full.waiting_order[:k]
+        assert head.last_lanes[:k] == whole.last_lanes[:k]
+        assert head._pending == whole._pending
+        if n > k and order != full.waiting_order:
+            lanes = head.last_lanes
+            unplaced = [i for i, lane in zip(order, lanes, strict=True) if lane == UNPLACED_LANE]
+            assert unplaced == sorted(unplaced)
+        prefill = {r.request_id: min(r.remaining, 100) for r in queue[:2]}
+        whole.on_step_end([], sum(prefill.values()), prefill_by_request=prefill)
+        head.on_step_end([], sum(prefill.values()), prefill_by_request=prefill)
+    patch.undo()
