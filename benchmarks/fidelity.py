@@ -170,6 +170,10 @@ def parse_args(argv: list[str] | None) -> Any:
                         "exported trace); default fairway")
     parser.add_argument("--server-cpus", default=None, metavar="LIST",
                         help="pin the server (all its processes) to these CPUs (taskset -c LIST)")
+    parser.add_argument("--engine-cpus", default=None, metavar="LIST",
+                        help="the CPUs of the model's compute (vLLM CPU's "
+                        "VLLM_CPU_OMP_THREADS_BIND), e.g. --server-cpus 0 --engine-cpus 1 "
+                        "--client-cpus 0: the worker alone on core 1, everything else on core 0")
     parser.add_argument("--client-cpus", default=None, metavar="LIST",
                         help="pin the live clients to these CPUs (e.g. --server-cpus 1 "
                         "--client-cpus 0 on a 2-core machine)")
@@ -281,7 +285,8 @@ def profile_command(args: Any, out_dir: Path, url: str) -> list[str]:
         "--lengths", args.profile_lengths, "--vocab-size", str(args.vocab_size),
         "--hardware", detect_local_hardware() or "unknown",
         "--note", f"benchmarks/fidelity.py --reprofile: server CPUs {args.server_cpus or 'any'}, "
-        f"client CPUs {args.client_cpus or 'any'}; vLLM arguments {shlex.join(engine_args(args))}",
+        f"engine CPUs {args.engine_cpus or 'auto'}, client CPUs {args.client_cpus or 'any'}; "
+        f"vLLM arguments {shlex.join(engine_args(args))}",
     ])
 
 
@@ -292,7 +297,7 @@ def reprofile(args: Any, out_dir: Path) -> str:
     command = [sys.executable, "-m", "fairway.cli", "serve", args.serve]
     with supervisor.running_server(
         _taskset(args.server_cpus, command), ["--policy", "fcfs", *engine_args(args)],
-        log_path=out_dir / "profile-serve.log", port=args.port,
+        log_path=out_dir / "profile-serve.log", port=args.port, env=server_env(args),
         startup_timeout_s=args.startup_timeout_s, name="fairway serve (profiling)",
         say=lambda line: print(line, file=sys.stderr, flush=True),
     ) as server:
@@ -303,6 +308,14 @@ def reprofile(args: Any, out_dir: Path) -> str:
     if rc != 0:
         raise RuntimeError(f"fairway profile failed (exit {rc}); see {out_dir / 'profile.log'}")
     return str(out_dir / "profile.json")
+
+
+def server_env(args: Any) -> dict[str, str]:
+    """Environment of every server this script starts (profiling and live)."""
+    env = {**os.environ, **SERVER_ENV}
+    if args.engine_cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = args.engine_cpus
+    return env
 
 
 def _taskset(cpus: str | None, command: list[str]) -> list[str]:
@@ -466,7 +479,7 @@ def live_runs(
             with supervisor.running_server(
                 _taskset(args.server_cpus, command), serve_args,
                 log_path=raw_dir / f"serve-{policy}.log", port=args.port,
-                env={**os.environ, **SERVER_ENV},
+                env=server_env(args),
                 startup_timeout_s=args.startup_timeout_s,
                 name=f"fairway serve --policy {policy}",
                 say=lambda line: print(line, file=sys.stderr, flush=True),
@@ -729,8 +742,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{capacity:.0f} tokens/s, {sizing.num_blocks} KV blocks of {args.block_size} tokens, "
         f"profile {args.profile}{' (measured by --reprofile)' if args.reprofile else ''}"
         f"{'' if runs else ' — virtual side only'}; live: {args.runs} run(s) x "
-        f"{', '.join(args.client)}, server CPUs {args.server_cpus or 'any'}, client CPUs "
-        f"{args.client_cpus or 'any'}; "
+        f"{', '.join(args.client)}, server CPUs {args.server_cpus or 'any'}, engine CPUs "
+        f"{args.engine_cpus or 'auto'}, client CPUs {args.client_cpus or 'any'}; "
         f"{time.perf_counter() - started:.0f} s wall._\n\n"
     )
     (out_dir / f"{NAME}.md").write_text(header + table, encoding="utf-8")
