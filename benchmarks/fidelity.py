@@ -180,6 +180,10 @@ def parse_args(argv: list[str] | None) -> Any:
     parser.add_argument("--step-log", action="store_true",
                         help="servers write a step log (option step_log) and the report checks "
                         "the step-time model against each live engine step")
+    parser.add_argument("--fit-live-steps", action="store_true",
+                        help="also fit the step-time model (o + b*tokens + c*pairs) to the live "
+                        "servers' step logs and replay the virtual side again with it: the "
+                        "replay's error once the engine's step costs under load are known")
     parser.add_argument("--warmup", type=int, default=8,
                         help="short requests sent before each live run (then the cache is reset)")
     parser.add_argument("--out", default=None, metavar="DIR")
@@ -436,6 +440,22 @@ def vllm_bench_run(
     return result
 
 
+def replay_virtual(
+    args: Any, trace: Trace, name: str, policy: str, num_blocks: int, pricing: Any
+) -> ReplayResult:
+    """The virtual replay of `policy`, its steps priced by `pricing` (a table or its path); the
+    policy's own table (patience) is always --profile's, as on the live servers."""
+    import fairway.policies as policies
+    from fairway.replay.sim import replay
+
+    params = {"profile": args.profile} if "profile" in policies.param_names(policy) else None
+    return replay(
+        trace, policy, profile=pricing, policy_params=params, num_blocks=num_blocks,
+        block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, trace_name=name,
+    )
+
+
 def live_runs(
     args: Any, trace: Trace, name: str, policies: list[str], num_blocks: int, raw_dir: Path
 ) -> tuple[dict[tuple[str, str], list[ReplayResult]], dict[str, float]]:
@@ -630,6 +650,29 @@ def step_model_check(path: Path, profile: Any) -> dict[str, Any] | None:
     }
 
 
+def fit_step_logs(paths: list[Path], chunk_tokens: int, max_model_len: int) -> Any:
+    """A table whose step-time model is fitted to these live step logs (all steps, equal weight).
+
+    The fit is self-calibration's (`StepTimeCalibrator`: o + b*tokens + c*pairs, outliers above
+    5x the prediction dropped) with forgetting switched off and no steps skipped, so it is the
+    engine's average step cost during the runs. None when the logs are missing or too uniform.
+    """
+    import json
+
+    from fairway.profiling.calibration import CalibrationSettings, StepTimeCalibrator
+
+    settings = CalibrationSettings(half_life_steps=1e12, skip_steps=0)
+    calibrator = StepTimeCalibrator(chunk_tokens, settings)
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            calibrator.observe([(int(n), int(b)) for n, b in record["chunks"]], float(record["s"]))
+    return calibrator.profile(max_model_len, source="fitted to live step logs",
+                              step_logs=[str(p) for p in paths])
+
+
 def step_table(steps: dict[str, Any]) -> str:
     """The step-model check per policy as Markdown."""
     lines = ["| policy | steps | measured / model (sum) | median step ratio | residual per step "
@@ -668,8 +711,10 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import json
+
     from fairway.profiling.table import load
-    from fairway.replay.sim import replay, size_cache
+    from fairway.replay.sim import size_cache
 
     args = parse_args(argv)
     policies = args.policy or list(DEFAULT_POLICIES)
@@ -700,16 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_dir.mkdir(parents=True, exist_ok=True)
     virtual = []
     for policy in policies:
-        result = replay(
-            trace,
-            policy,
-            profile=args.profile,
-            num_blocks=sizing.num_blocks,
-            block_size=args.block_size,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            trace_name=name,
-        )
+        result = replay_virtual(args, trace, name, policy, sizing.num_blocks, args.profile)
         results_io.save(result, raw_dir / f"virtual--{results_io.file_name(result)}")
         virtual.append(result)
     runs: dict[tuple[str, str], list[ReplayResult]] = {}
@@ -732,6 +768,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_log or args.live_from:
             steps = {p: step_model_check(step_log_path(args, p), profile) for p in policies}
             table += "\n" + step_table(steps)
+        if args.fit_live_steps:
+            fitted = fit_step_logs([step_log_path(args, p) for p in policies],
+                                   args.max_num_batched_tokens, args.max_model_len)
+            if fitted is None:
+                table += "\nno step-time fit: the step logs are missing or too uniform\n"
+            else:
+                fitted_path = out_dir / "profile-fitted-to-live-steps.json"
+                fitted_path.write_text(json.dumps(fitted.to_json(), indent=1), encoding="utf-8")
+                refit = [
+                    replay_virtual(args, trace, name, policy, sizing.num_blocks, fitted)
+                    for policy in policies
+                ]
+                for result in refit:
+                    stem = f"virtual-fitted--{results_io.file_name(result)}"
+                    results_io.save(result, raw_dir / stem)
+                refit_table, refit_rows = comparison(runs, refit)
+                rows += [{**r, "virtual_model": "fitted to live steps"} for r in refit_rows]
+                table += ("\nVirtual side priced by the step-time model fitted to the live step "
+                          f"logs ({fitted.step_time}):\n\n" + refit_table + "\n"
+                          + ranking(refit_rows))
     else:
         table = report.to_markdown(report.summarize(virtual))
         rows = []
