@@ -650,29 +650,6 @@ def step_model_check(path: Path, profile: Any) -> dict[str, Any] | None:
     }
 
 
-def fit_step_logs(paths: list[Path], chunk_tokens: int, max_model_len: int) -> Any:
-    """A table whose step-time model is fitted to these live step logs (all steps, equal weight).
-
-    The fit is self-calibration's (`StepTimeCalibrator`: o + b*tokens + c*pairs, outliers above
-    5x the prediction dropped) with forgetting switched off and no steps skipped, so it is the
-    engine's average step cost during the runs. None when the logs are missing or too uniform.
-    """
-    import json
-
-    from fairway.profiling.calibration import CalibrationSettings, StepTimeCalibrator
-
-    settings = CalibrationSettings(half_life_steps=1e12, skip_steps=0)
-    calibrator = StepTimeCalibrator(chunk_tokens, settings)
-    for path in paths:
-        if not path.exists():
-            continue
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            calibrator.observe([(int(n), int(b)) for n, b in record["chunks"]], float(record["s"]))
-    return calibrator.profile(max_model_len, source="fitted to live step logs",
-                              step_logs=[str(p) for p in paths])
-
-
 def step_table(steps: dict[str, Any]) -> str:
     """The step-model check per policy as Markdown."""
     lines = ["| policy | steps | measured / model (sum) | median step ratio | residual per step "
@@ -769,8 +746,11 @@ def main(argv: list[str] | None = None) -> int:
             steps = {p: step_model_check(step_log_path(args, p), profile) for p in policies}
             table += "\n" + step_table(steps)
         if args.fit_live_steps:
-            fitted = fit_step_logs([step_log_path(args, p) for p in policies],
-                                   args.max_num_batched_tokens, args.max_model_len)
+            from fairway.profiling.calibration import fit_step_log
+
+            logs = [step_log_path(args, p) for p in policies]
+            fitted = fit_step_log([p for p in logs if p.exists()],
+                                  args.max_num_batched_tokens, args.max_model_len)
             if fitted is None:
                 table += "\nno step-time fit: the step logs are missing or too uniform\n"
             else:

@@ -9,6 +9,7 @@ adds the verb to the `fairway` parser.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -50,6 +51,15 @@ def register(subparsers: Any) -> None:
                        "http://127.0.0.1:8000")
     where.add_argument("--model", metavar="DIR_OR_NAME",
                        help="start `vllm serve DIR_OR_NAME` here for the measurement")
+    where.add_argument("--from-step-log", action="append", metavar="PATH",
+                       help="measure nothing: fit the step-time model o + b*tokens + "
+                       "c*attention_pairs to step logs a Fairway server wrote under load "
+                       "(serving option step_log; repeatable) and write it as the table")
+    p.add_argument("--chunk-tokens", type=_positive_int, default=None, metavar="N",
+                   help="with --from-step-log: the server's step token budget "
+                   "(--max-num-batched-tokens)")
+    p.add_argument("--max-model-len", type=_positive_int, default=None, metavar="N",
+                   help="with --from-step-log: the longest prompt of the table")
     p.add_argument("--lengths", type=_lengths, default=None, metavar="N,N,...",
                    help="prompt lengths in tokens (default: 128, 256, ... doubling up to the "
                    "server's max model length, which is measured too)")
@@ -127,10 +137,12 @@ def _profile(args: argparse.Namespace) -> int:
     from fairway import supervisor
     from fairway.profiling import profiler
 
-    vllm_args = _vllm_args(args)
     output = Path(args.output)
     if output.exists() and not args.force:
         raise FairwayError(f"--output {output} exists; pass --force to overwrite it")
+    if args.from_step_log:
+        return _from_step_log(args, output)
+    vllm_args = _vllm_args(args)
     settings = ProfileSettings(
         lengths=args.lengths, repeats=args.repeats, warmup_rounds=args.warmup,
         vocab_size=args.vocab_size, seed=args.seed, timeout_s=args.timeout,
@@ -181,6 +193,30 @@ def _profile(args: argparse.Namespace) -> int:
     print(f"wrote {output} ({len(outcome.profile.points)} points; hardware: {hardware})")
     if not args.no_plot:
         _plot(outcome, Path(args.plot) if args.plot else output.with_suffix(".png"))
+    return 0
+
+
+def _from_step_log(args: argparse.Namespace, output: Path) -> int:
+    """`--from-step-log`: the engine's average step cost under the logged load, as a table."""
+    from fairway.profiling.calibration import fit_step_log
+
+    if args.chunk_tokens is None or args.max_model_len is None:
+        raise FairwayError("--from-step-log needs --chunk-tokens (the server's "
+                           "--max-num-batched-tokens) and --max-model-len")
+    table = fit_step_log(args.from_step_log, args.chunk_tokens, args.max_model_len)
+    if table is None:
+        raise ProfileError(
+            f"the step logs {', '.join(args.from_step_log)} hold too few or too alike steps to "
+            "fit o, b and c (log more traffic of mixed prompt lengths)"
+        )
+    if args.note:
+        table = dataclasses.replace(table, metadata={**table.metadata, "note": args.note})
+    table.save(output)
+    coefficients = table.metadata["coefficients"]
+    print(f"step_s = {coefficients['o_s']:.4g} + {coefficients['b_s_per_token']:.4g}*tokens + "
+          f"{coefficients['c_s_per_pair']:.4g}*pairs over {table.metadata['steps_used']} steps; "
+          f"T(2048) = {table.prefill_s(2048):.4g} s")
+    print(f"wrote {output} ({len(table.points)} points; step_time calibrated)")
     return 0
 
 

@@ -26,13 +26,16 @@ round trip (its `overhead_s`, typically a few ms) on top.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fairway.errors import ProfileError
 from fairway.profiling.step_time import CalibratedFit
 from fairway.profiling.table import PrefillProfile
 
@@ -213,6 +216,43 @@ class StepTimeCalibrator:
             **metadata,
         }
         return PrefillProfile(points, meta, step_time=model.to_spec())
+
+
+def fit_step_log(
+    paths: Sequence[str | Path], chunk_tokens: int, max_tokens: int
+) -> PrefillProfile | None:
+    """A table whose step-time model is fitted to step logs (option `step_log`), or None.
+
+    Every logged step counts with the same weight (no forgetting, none skipped): the result is
+    the engine's average step cost over the logged traffic, load included, which is what a
+    replay of that traffic should price its steps with. Steps slower than 5x the fit are
+    dropped as in self-calibration. None when the steps are too few or too alike to separate
+    o, b and c.
+
+    Raises:
+        ProfileError: a file is missing or a line is not a step record.
+    """
+    settings = CalibrationSettings(half_life_steps=1e12, skip_steps=0)
+    calibrator = StepTimeCalibrator(chunk_tokens, settings)
+    for path in map(Path, paths):
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ProfileError(f"cannot read the step log {path}: {exc.strerror or exc}") from None
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+                chunks = [(int(n), int(b)) for n, b in record["chunks"]]
+                seconds = float(record["s"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ProfileError(f"{path}:{number}: not a step record ({exc})") from None
+            calibrator.observe(chunks, seconds)
+    return calibrator.profile(
+        max_tokens, source="fitted to step logs", step_logs=[str(p) for p in paths],
+        method="least squares of the logged engine step times (no forgetting): step_s = o + "
+        "b*tokens + c*attention_pairs; T(L) = ceil(L/B)*o + b*L + c*L*(L+1)/2 (engine-side, no "
+        "HTTP round trip)",
+    )
 
 
 def _nonnegative_least_squares(

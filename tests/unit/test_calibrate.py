@@ -300,3 +300,66 @@ def test_step_log_alone_writes_every_step_and_leaves_the_policy_alone(tmp_path) 
         (c, pytest.approx(s, abs=1e-6)) for c, s in expected
     ]
     assert cal.calibrator.num_used == 0 and cal.profile is None and policy.profile is None
+
+
+def write_step_log(path, steps) -> None:
+    import json
+
+    path.write_text("".join(
+        json.dumps({"t": 0.0, "s": seconds, "chunks": [list(c) for c in chunks]}) + "\n"
+        for chunks, seconds in steps
+    ))
+
+
+def test_fit_step_log_recovers_the_engine_and_prices_a_replay(tmp_path) -> None:
+    from fairway.profiling.calibration import fit_step_log
+
+    rng = random.Random(11)
+    steps = [(chunks, TRUTH.step_s(*chunk_features(chunks)))
+             for chunks in (synthetic_step(rng) for _ in range(300))]
+    half = len(steps) // 2
+    write_step_log(tmp_path / "a.jsonl", steps[:half])
+    write_step_log(tmp_path / "b.jsonl", steps[half:])
+    table = fit_step_log([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], CHUNK, 8192)
+    assert table is not None and table.metadata["steps_used"] == len(steps)
+    fit = step_time.for_profile(table)
+    assert isinstance(fit, CalibratedFit)
+    for chunks, seconds in steps[:20]:
+        spans = [(before, before + n) for n, before in chunks]
+        assert fit.step_time_s(spans) == pytest.approx(seconds, rel=1e-3)
+    assert table.prefill_s(8192) == pytest.approx(TRUTH.prefill_s(8192, CHUNK), rel=0.01)
+
+
+def test_fit_step_log_refuses_bad_input(tmp_path) -> None:
+    from fairway.errors import ProfileError
+    from fairway.profiling.calibration import fit_step_log
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"t": 0, "s": 0.1, "chunks": [[10, 0]]}\n{"s": 0.1}\n')
+    with pytest.raises(ProfileError, match=r"bad.jsonl:2: not a step record"):
+        fit_step_log([bad], CHUNK, 8192)
+    with pytest.raises(ProfileError, match="cannot read the step log"):
+        fit_step_log([tmp_path / "missing.jsonl"], CHUNK, 8192)
+    few = tmp_path / "few.jsonl"
+    write_step_log(few, [([(100, 0)], 0.01)] * 10)
+    assert fit_step_log([few], CHUNK, 8192) is None
+
+
+def test_profile_cli_fits_step_logs(tmp_path, capsys) -> None:
+    from fairway import cli
+    from fairway.profiling.table import load
+
+    rng = random.Random(12)
+    log = tmp_path / "steps.jsonl"
+    write_step_log(log, [(chunks, TRUTH.step_s(*chunk_features(chunks)))
+                         for chunks in (synthetic_step(rng) for _ in range(200))])
+    out = tmp_path / "fit.json"
+    args = ["profile", "--from-step-log", str(log), "-o", str(out)]
+    assert cli.main(args) == 2  # the step budget and model length are needed
+    assert "--chunk-tokens" in capsys.readouterr().err
+    args += ["--chunk-tokens", str(CHUNK), "--max-model-len", "4096", "--note", "test"]
+    assert cli.main(args) == 0
+    table = load(str(out))
+    assert table.step_time["kind"] == "calibrated" and table.metadata["note"] == "test"
+    assert table.points[-1][0] == 4096
+    assert cli.main(args) == 2  # exists: --force needed
