@@ -718,6 +718,13 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
+    fit = -(-args.max_model_len // args.block_size)
+    if sizing.num_blocks < fit:  # vLLM refuses to start when one longest request cannot fit
+        print(f"fidelity: {sizing.num_blocks} KV blocks hold less than --max-model-len "
+              f"{args.max_model_len}; using {fit}", file=sys.stderr)
+        sizing = size_cache(trace, cache_fraction=args.cache_fraction, num_blocks=fit,
+                            block_size=args.block_size,
+                            max_num_batched_tokens=args.max_num_batched_tokens)
     raw_dir = out_dir / "replays"
     raw_dir.mkdir(parents=True, exist_ok=True)
     virtual = []
