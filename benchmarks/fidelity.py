@@ -99,9 +99,10 @@ def parse_args(argv: list[str] | None) -> Any:
     )
     parser.add_argument(
         "--profile-lengths",
-        default="128,256,512,1024,2048,4096,8000",
+        default=None,
         metavar="N,N,...",
-        help="prompt lengths of --reprofile (default 128 ... 4096, 8000)",
+        help="prompt lengths of --reprofile (default 128 ... 4096 and 8000, those up to "
+        "--max-model-len, and --max-model-len itself when below 8000)",
     )
     parser.add_argument("--profile-repeats", type=int, default=3, help="--reprofile repeats")
     where = parser.add_mutually_exclusive_group(required=True)
@@ -199,6 +200,10 @@ def parse_args(argv: list[str] | None) -> Any:
         parser.error("give --profile PATH_OR_NAME, or --reprofile with --serve")
     if args.profile is not None and args.reprofile:
         parser.error("--profile and --reprofile exclude each other")
+    if args.profile_lengths is None:
+        top = min(8000, args.max_model_len)
+        lengths = [n for n in (128, 256, 512, 1024, 2048, 4096) if n < top] + [top]
+        args.profile_lengths = ",".join(map(str, lengths))
     if args.runs is None:
         args.runs = 1 if args.url else 3
     if args.runs < 1:

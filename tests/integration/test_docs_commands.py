@@ -164,9 +164,32 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "a timing run of the decision trace, not a test"),
     ".venv/bin/fairway tiny-model /tmp/tiny --max-len 8192":
         Entry("RUN", "writes a tiny model in seconds", (("/tmp/tiny", "{tmp}/tiny"),)),
-    ".venv/bin/python benchmarks/fidelity.py --reprofile --serve /tmp/tiny --quick "
-    "--serve-arg=--gpu-memory-utilization=0.15 --out results/fidelity":
-        Entry("PARSE", "starts servers and replays live for minutes"),
+    ".venv/bin/python benchmarks/fidelity.py --reprofile --profile-repeats 7 --serve /tmp/tiny "
+    "--quick --client fairway --client vllm-bench --policy fcfs --policy lpm --policy "
+    "fairway-step --policy fairway --step-log --client-cpus 0 "
+    "--serve-arg=--gpu-memory-utilization=0.15 --serve-arg=--dtype=float32 --out "
+    "results/fidelity-sec-a":
+        Entry("PARSE", "starts servers and replays live for about an hour"),
+    ".venv/bin/python benchmarks/fidelity.py --profile results/fidelity-sec-a/profile.json "
+    "--live-from results/fidelity-sec-a --quick --client fairway --client vllm-bench --policy "
+    "fcfs --policy lpm --policy fairway-step --policy fairway --fit-live-steps --out "
+    "results/fidelity-sec-a-fitted":
+        Entry("PARSE", "reads the live runs the command before it saved"),
+    "python3 ../shared/tools/mooncake_tiny_timed_trace.py mooncake-100.jsonl 8000 100 3500 3500":
+        Entry("EXTERNAL", "needs the Mooncake conversation trace in ../shared/data, which a "
+              "user's machine does not have"),
+    ".venv/bin/fairway trace import mooncake-100.jsonl -o mooncake-100.jsonl.gz --chunk-tokens "
+    "512 --sec-multiplier 0.001 --name mooncake-tiny-100":
+        Entry("PARSE", "reads the file the command before it writes from ../shared data"),
+    ".venv/bin/python benchmarks/fidelity.py --reprofile --profile-repeats 7 --serve /tmp/tiny "
+    "--trace mooncake-100.jsonl.gz --max-model-len 4096 --client fairway --client vllm-bench "
+    "--policy fcfs --policy lpm --policy fairway-step --policy fairway --step-log --fit-live-steps "
+    "--server-cpus 0 --engine-cpus 1 --client-cpus 0 --serve-arg=--gpu-memory-utilization=0.15 "
+    "--serve-arg=--dtype=float32 --out results/fidelity-mooncake":
+        Entry("PARSE", "starts servers and replays live for about 45 minutes"),
+    ".venv/bin/fairway profile --from-step-log steps.jsonl --chunk-tokens 2048 --max-model-len "
+    "8192 -o live-steps.json":
+        Entry("PARSE", "needs a step log a server wrote under load"),
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
     "--sizes 100 1000 10000":
         Entry("PARSE", "minutes of engine steps at 100 to 10,000 waiting"),

@@ -83,3 +83,13 @@ def test_cpu_lists_parse_like_taskset() -> None:
     assert fidelity._cpu_set("0,2-3") == {0, 2, 3}
     assert fidelity._taskset("1", ["x"]) == ["taskset", "-c", "1", "x"]
     assert fidelity._taskset(None, ["x"]) == ["x"]
+
+
+def test_reprofile_lengths_stay_within_the_model_length() -> None:
+    args = fidelity.parse_args(["--reprofile", "--serve", "m", "--max-model-len", "4096"])
+    assert args.profile_lengths == "128,256,512,1024,2048,4096"
+    args = fidelity.parse_args(["--reprofile", "--serve", "m", "--max-model-len", "3000"])
+    assert args.profile_lengths == "128,256,512,1024,2048,3000"
+    assert fidelity.parse_args(["--reprofile", "--serve", "m"]).profile_lengths.endswith(",8000")
+    assert fidelity.parse_args(["--profile", "p", "--url", "http://x"]).runs == 1
+    assert fidelity.parse_args(["--profile", "p", "--serve", "m"]).runs == 3
