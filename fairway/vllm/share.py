@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fairway.policies.base import PrefillingRequest, StepBudget, StepShare
+from fairway.vllm import probe
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -104,10 +105,9 @@ def step_budget(
     """P (the token budget minus decode tokens), free request slots, requests served first,
     and `scan`, the positions of the waiting queue vLLM's scan can reach (`probe.scan_bound`)."""
     tokens = scheduler.max_num_scheduled_tokens - decode_tokens  # vLLM internal
-    slots = scheduler.max_num_active_reqs - len(scheduler.running)  # vLLM internal
     return StepBudget(
         tokens=max(0, tokens),
-        free_slots=max(0, slots),
+        free_slots=probe.free_slots(scheduler),
         ahead=tuple(n for _, n in ahead),
         ahead_ids=tuple(i for i, _ in ahead),
         scan=scan,
