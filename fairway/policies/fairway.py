@@ -22,7 +22,7 @@ from fairway.policies.base import (
     register_policy,
 )
 from fairway.policies.columns import QueueColumns
-from fairway.policies.fairway_step import FastScore, _Columns, _top
+from fairway.policies.fairway_step import FastScore, _Columns, _lane_head
 from fairway.policies.share import Item, ShareLedger, demand_served, plan_step
 
 
@@ -346,7 +346,7 @@ def _fast_prefix(
     The plan reads the first `free_slots` requests after the front (`_items`), the shortest
     prefix whose work covers the step's tokens (`_covering`, at most P) and the first `scan`
     positions of the order (vLLM's scan reaches no further). A prefix found by partial selection
-    (`_top`: every row tied with the last one kept, then sorted by the lane's keys) is grown
+    (`_lane_head`: every row tied with the last one kept, then sorted by the lane's keys) is grown
     until it holds all three; O(n) numpy per try and a sort of the prefix."""
     n = len(neg)
     if budget is None or scan >= n:
@@ -354,8 +354,7 @@ def _fast_prefix(
     need = max(scan, budget.free_slots) + 1  # + 1: the front may sit among them
     k = min(n, max(need, _MIN_PREFIX))
     while True:
-        top = _top(neg, k)
-        fast = top[np.lexsort((cols.arrival[top], neg[top]))][:k]
+        fast = _lane_head(neg, cols.arrival, k)
         if k >= n:
             return fast
         rest = fast[fast != front] if front is not None else fast

@@ -119,10 +119,15 @@ class FastScore(Policy):
 
     def _fast_head(self, cols: _Columns, now: float, head: int) -> np.ndarray:
         """The first `head` entries of `_fast_lane`, in O(n) numpy plus a sort of the top."""
-        neg = -self._scores(cols, now)
-        top = _top(neg, head)
-        # Positions ascending in `top`, and lexsort is stable: the same three keys as the lane.
-        return top[np.lexsort((cols.arrival[top], neg[top]))][:head]
+        return _lane_head(-self._scores(cols, now), cols.arrival, head)
+
+
+def _lane_head(neg: np.ndarray, arrival: np.ndarray, head: int) -> np.ndarray:
+    """The first `head` rows of the Fast lane whose negated scores are `neg`: the rows `_top`
+    keeps, sorted by the lane's keys (score, then arrival; `top` ascends and lexsort is stable,
+    so queue position breaks the last tie)."""
+    top = _top(neg, head)
+    return top[np.lexsort((arrival[top], neg[top]))][:head]
 
 
 def _top(key: np.ndarray, head: int) -> np.ndarray:
