@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,27 @@ class StepTimeCalibrator:
         return PrefillProfile(points, meta, step_time=model.to_spec())
 
 
+def read_step_log(path: str | Path) -> Iterator[tuple[list[tuple[int, int]], float]]:
+    """The steps of a step log (option `step_log`): ([(new tokens, tokens before), ...], seconds).
+
+    Raises:
+        ProfileError: the file cannot be read or a line is not a step record.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ProfileError(f"cannot read the step log {path}: {exc.strerror or exc}") from None
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            chunks = [(int(n), int(b)) for n, b in record["chunks"]]
+            seconds = float(record["s"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProfileError(f"{path}:{number}: not a step record ({exc})") from None
+        yield chunks, seconds
+
+
 def fit_step_log(
     paths: Sequence[str | Path], chunk_tokens: int, max_tokens: int
 ) -> PrefillProfile | None:
@@ -234,18 +255,8 @@ def fit_step_log(
     """
     settings = CalibrationSettings(half_life_steps=1e12, skip_steps=0)
     calibrator = StepTimeCalibrator(chunk_tokens, settings)
-    for path in map(Path, paths):
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ProfileError(f"cannot read the step log {path}: {exc.strerror or exc}") from None
-        for number, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line)
-                chunks = [(int(n), int(b)) for n, b in record["chunks"]]
-                seconds = float(record["s"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ProfileError(f"{path}:{number}: not a step record ({exc})") from None
+    for path in paths:
+        for chunks, seconds in read_step_log(path):
             calibrator.observe(chunks, seconds)
     return calibrator.profile(
         max_tokens, source="fitted to step logs", step_logs=[str(p) for p in paths],
