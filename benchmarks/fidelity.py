@@ -403,7 +403,8 @@ def fairway_client_run(
 
 
 def vllm_bench_run(
-    args: Any, trace: Trace, name: str, policy: str, url: str, export: Path, out_path: Path
+    args: Any, trace: Trace, name: str, policy: str, url: str, model: str, export: Path,
+    out_path: Path,
 ) -> ReplayResult:
     """One replay of the exported trace with `vllm bench serve` (vLLM's own client).
 
@@ -412,7 +413,6 @@ def vllm_bench_run(
     """
     from fairway.replay.vllm_result import load_vllm_result
 
-    model = _served_model(url)
     command = [
         str(Path(sys.executable).with_name("vllm")), "bench", "serve", "--backend", "vllm",
         "--base-url", url, "--model", model, "--tokenizer", args.serve or model,
@@ -488,7 +488,7 @@ def live_runs(
                     result = fairway_client_run(args, trace, name, policy, url,
                                                 raw_dir / f"{stem}.json")
                 else:
-                    result = vllm_bench_run(args, trace, name, policy, url, export,
+                    result = vllm_bench_run(args, trace, name, policy, url, model, export,
                                             raw_dir / f"{stem}.json")
                 failed = sum(r.error is not None for r in result.requests)
                 print(f"{policy} {client} run {run + 1}: {len(result.requests)} requests, "
@@ -608,27 +608,26 @@ def _ranked(values: dict[str, float]) -> str:
 def step_model_check(path: Path, profile: Any) -> dict[str, Any] | None:
     """Live engine steps (a step log) against the replay's step-time model.
 
-    Per step: measured seconds vs `TableStepTime.step_time_s` of its spans; the residual
+    Per step: measured seconds vs the replay's step-time model (`step_time.for_profile`) of its
+    spans; the residual
     (measured - model) is fitted as r0 + r1 * k over the steps' request counts k, the term a
     per-request cost would add. Prefill steps only (a decode token is priced like a prompt
     token by the model; the fidelity traces have max_tokens 1, so decodes are rare).
     """
-    import json
-
     import numpy as np
 
-    from fairway.profiling.step_time import TableStepTime
+    from fairway.profiling.calibration import read_step_log
+    from fairway.profiling.step_time import for_profile
 
     if not path.exists():
         return None
-    model = TableStepTime(profile)
+    model = for_profile(profile)
     measured, predicted, counts, context = [], [], [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        chunks = [(int(n), int(b)) for n, b in record["chunks"] if n > 1]
+    for logged, seconds in read_step_log(path):
+        chunks = [(n, b) for n, b in logged if n > 1]
         if not chunks:
             continue
-        measured.append(float(record["s"]))
+        measured.append(seconds)
         predicted.append(model.step_time_s([(b, b + n) for n, b in chunks]))
         counts.append(len(chunks))
         context.append(sum(b for _, b in chunks))
@@ -653,6 +652,81 @@ def step_model_check(path: Path, profile: Any) -> dict[str, Any] | None:
             if any(c > 0 for c in context) else None
         ),
     }
+
+
+#: Phases with fewer requests are shown but not counted in `agreement` (the issue's rule).
+MIN_PHASE_REQUESTS = 30
+#: |virtual / live - 1| within this counts as agreement.
+AGREEMENT = 0.15
+
+
+def agreement(idle: list[dict], fitted: list[dict]) -> str:
+    """Idle table vs the model fitted to live steps, per client x policy x phase with
+    `MIN_PHASE_REQUESTS`+ requests: live median of the runs [range] and virtual / live of both;
+    then how many medians and p99s each gets within `AGREEMENT` and inside the live range."""
+    by_key = {(r["client"], r["policy"], r["phase"]): r for r in fitted}
+    lines = ["| client | policy | phase | n | live median, s [min-max of runs] | v/l idle table | "
+             "v/l fitted | live p99, s [min-max] | v/l idle table | v/l fitted |",
+             "|---|---|---|---:|---|---:|---:|---|---:|---:|"]
+    within = {"idle": 0, "fitted": 0}
+    inside = {"idle": 0, "fitted": 0}
+    total = 0
+    for r in idle:
+        g = by_key.get((r["client"], r["policy"], r["phase"]))
+        if g is None or r["n"] < MIN_PHASE_REQUESTS or r.get("virtual_model"):
+            continue
+        cells = []
+        for stat in ("median", "p99"):
+            live, lo, hi = (r[f"live_{stat}_s"], r[f"live_{stat}_min_s"],
+                            r[f"live_{stat}_max_s"])
+            total += 1
+            ratios = []
+            for label, row in (("idle", r), ("fitted", g)):
+                v = row[f"virtual_{stat}_s"]
+                within[label] += abs(v / live - 1) <= AGREEMENT
+                inside[label] += lo <= v <= hi
+                ratios.append(f"{v / live:.2f}")
+            cells.append(f"{live:.2f} [{lo:.2f}-{hi:.2f}] | {' | '.join(ratios)}")
+        lines.append(f"| {r['client']} | {r['policy']} | {r['phase']} | {r['n']} | "
+                     f"{' | '.join(cells)} |")
+    lines.append("")
+    lines.append(
+        f"Within {AGREEMENT:.0%} of the live value: idle table {within['idle']} of {total}, "
+        f"fitted {within['fitted']} of {total}; inside the live range: idle table "
+        f"{inside['idle']}, fitted {inside['fitted']} of {total}."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def step_shapes(paths: list[Path], profile: Any, min_steps: int = 5) -> str:
+    """Single-request steps of the step logs grouped by shape (new tokens, to 100 below 2,048;
+    tokens before, to 2,048): median measured seconds against the replay's model."""
+    import numpy as np
+
+    from fairway.profiling.calibration import read_step_log
+    from fairway.profiling.step_time import for_profile
+
+    model = for_profile(profile)
+    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for path in paths:
+        if not path.exists():
+            continue
+        for logged, seconds in read_step_log(path):
+            chunks = [(n, b) for n, b in logged if n > 1]
+            if len(chunks) != 1:
+                continue
+            n, before = chunks[0]
+            key = (n if n >= 2048 else round(n, -2), before // 2048 * 2048)
+            groups.setdefault(key, []).append((seconds, model.step_time_s([(before, before + n)])))
+    lines = ["| new tokens | tokens before (from; 2,048 wide) | steps | live median ms | model "
+             "median ms |",
+             "|---:|---:|---:|---:|---:|"]
+    for (n, before), pairs in sorted(groups.items()):
+        if len(pairs) < min_steps:
+            continue
+        live, priced = np.median(np.array(pairs), axis=0)
+        lines.append(f"| {n} | {before} | {len(pairs)} | {1e3 * live:.0f} | {1e3 * priced:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def step_table(steps: dict[str, Any]) -> str:
@@ -756,7 +830,9 @@ def main(argv: list[str] | None = None) -> int:
         table += "\n" + ranking(rows)
         if args.step_log or args.live_from:
             steps = {p: step_model_check(step_log_path(args, p), profile) for p in policies}
-            table += "\n" + step_table(steps)
+            table += "\n" + step_table(steps) + "\n" + step_shapes(
+                [step_log_path(args, p) for p in policies], profile
+            )
         if args.fit_live_steps:
             from fairway.profiling.calibration import fit_step_log
 
@@ -779,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += [{**r, "virtual_model": "fitted to live steps"} for r in refit_rows]
                 table += ("\nVirtual side priced by the step-time model fitted to the live step "
                           f"logs ({fitted.step_time}):\n\n" + refit_table + "\n"
-                          + ranking(refit_rows))
+                          + ranking(refit_rows) + "\n" + agreement(rows, refit_rows))
     else:
         table = report.to_markdown(report.summarize(virtual))
         rows = []

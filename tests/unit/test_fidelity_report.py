@@ -93,3 +93,34 @@ def test_reprofile_lengths_stay_within_the_model_length() -> None:
     assert fidelity.parse_args(["--reprofile", "--serve", "m"]).profile_lengths.endswith(",8000")
     assert fidelity.parse_args(["--profile", "p", "--url", "http://x"]).runs == 1
     assert fidelity.parse_args(["--profile", "p", "--serve", "m"]).runs == 3
+
+
+def test_agreement_counts_only_phases_with_enough_requests() -> None:
+    def row(phase: str, n: int, virtual: float, live: float, **extra: object) -> dict:
+        return {"client": "fairway", "policy": "fcfs", "phase": phase, "n": n,
+                "virtual_median_s": virtual, "live_median_s": live,
+                "live_median_min_s": live * 0.5, "live_median_max_s": live * 1.5,
+                "virtual_p99_s": virtual, "live_p99_s": live,
+                "live_p99_min_s": live, "live_p99_max_s": live, **extra}
+
+    idle = [row("all", 40, 2.0, 1.0), row("calm", 10, 1.0, 1.0)]
+    fitted = [row("all", 40, 1.1, 1.0, virtual_model="fitted"), row("calm", 10, 1.0, 1.0)]
+    text = fidelity.agreement(idle, fitted)
+    assert "| calm |" not in text  # 10 requests: below MIN_PHASE_REQUESTS
+    # idle 2.0 vs 1.0: outside 15% and (p99) outside the range; fitted 1.1: within both times,
+    # inside the median's range [0.5, 1.5] but not the p99's degenerate [1.0, 1.0].
+    assert "idle table 0 of 2, fitted 2 of 2" in text
+    assert "inside the live range: idle table 0, fitted 1 of 2" in text
+
+
+def test_step_shapes_group_single_request_steps(tmp_path: Path) -> None:
+    profile = from_points([(128, 0.03), (512, 0.08), (2048, 0.3)], constants={"overhead_s": 0.01})
+    lines = [json.dumps({"t": 0.0, "s": 0.05, "chunks": [[100 + i, 4096 + i]]}) for i in range(5)]
+    lines.append(json.dumps({"t": 0.0, "s": 9.0, "chunks": [[100, 0], [100, 0]]}))  # two requests
+    lines.append(json.dumps({"t": 0.0, "s": 9.0, "chunks": [[300, 0]]}))  # one step: too few
+    path = tmp_path / "steps.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    table = fidelity.step_shapes([path, tmp_path / "missing.jsonl"], profile)
+    rows = [line for line in table.splitlines() if line.startswith("| 100 ")]
+    assert rows == [f"| 100 | 4096 | 5 | 50 | {rows[0].split('|')[5].strip()} |"]
+    assert "| 300 |" not in table
