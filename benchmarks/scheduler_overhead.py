@@ -18,10 +18,21 @@ requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-
 Timing is the CPU time of this thread (`time.thread_time`, so that a shared machine's
 descheduling is not charged to an arm) of `schedule()` plus the `add_request` calls of the
 requests that arrive after it; `update_from_output()` runs untimed with a fake model output.
-"added" is the arm's median minus vLLM's median of the same kind and size; it also holds any
-difference in vLLM's own work (a policy that starts more or other requests per step makes vLLM do
-more admissions). "pre-pass" is Fairway's own part, as `fairway:prepass_seconds` observes it
-(wall time, median over the steps that ran it).
+Every arm is built on `TimedScheduler`, vLLM's `Scheduler` with a CPU-time counter around its own
+`schedule()` and `add_request()`, so each step splits into vLLM's part and the rest:
+
+  * "Fairway's own" = the step's time minus vLLM's part in the same step: everything Fairway
+    runs (the `add_request` hook, the pre-pass, the token share, the after-step bookkeeping), and
+    nothing else. This is the cost the goal of issue 11 bounds (0 for vLLM's own arm, up to the
+    counter's own cost);
+  * "added" = the arm's median minus vLLM's median of the same kind and size. It also holds the
+    difference in vLLM's own work: a policy that starts more requests per step (hits with short
+    uncached suffixes) makes vLLM do more admissions per step, each with vLLM's own prefix lookup
+    and block allocation. "vLLM per start" (vLLM's part of an admitting step / requests started,
+    median) shows that this work per request is the same under every order.
+
+"pre-pass" is Fairway's ordering and share as `fairway:prepass_seconds` observes it (wall time,
+median over the steps that ran it).
 The memory Fairway keeps per waiting request is measured with tracemalloc (allocations made from
 `fairway/` files, N = the largest size <= 1,000).
 
@@ -69,6 +80,56 @@ class ArmResult:
     samples_ms: list[float] = field(default_factory=list, repr=False)
     #: Requests started per measured step ("admit" steps; vLLM's own work grows with it).
     admitted_mean: float | None = None
+    #: Fairway's own time per step: the step minus vLLM's `schedule()` / `add_request()` in it.
+    own_median_ms: float = 0.0
+    own_p90_ms: float = 0.0
+    #: vLLM's part of an admitting step per request it started (median; "admit" steps only).
+    vllm_per_start_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One timed step: CPU seconds in all and in vLLM's own methods, requests started, and
+    Fairway's pre-pass (wall seconds; None: no pre-pass ran)."""
+
+    total_s: float
+    vllm_s: float
+    admitted: int = 0
+    prepass_s: float | None = None
+
+    def plus(self, total_s: float, vllm_s: float) -> Sample:
+        """The same step with more work timed (the arrivals' `add_request` calls)."""
+        return Sample(self.total_s + total_s, self.vllm_s + vllm_s, self.admitted, self.prepass_s)
+
+
+def timed_classes() -> tuple[type, type]:
+    """`TimedScheduler` (vLLM's `Scheduler` counting the CPU time of its own `schedule()` and
+    `add_request()` in `vllm_cpu_s`) and Fairway's mixin on top of it."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from fairway.vllm.scheduler import FairwaySchedulerMixin
+
+    class TimedScheduler(Scheduler):
+        vllm_cpu_s = 0.0
+
+        def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return super().schedule(*args, **kwargs)
+            finally:
+                self.vllm_cpu_s += time.thread_time() - start
+
+        def add_request(self, *args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return super().add_request(*args, **kwargs)
+            finally:
+                self.vllm_cpu_s += time.thread_time() - start
+
+    class TimedFairwayScheduler(FairwaySchedulerMixin, TimedScheduler):
+        pass
+
+    return TimedScheduler, TimedFairwayScheduler
 
 
 class Workload:
@@ -144,8 +205,10 @@ class Workload:
         """A scheduler with the prefixes cached; `fill`: every running slot decoding."""
         offline = self.offline
         num_blocks = len(self.prefixes) * (PREFIX_TOKENS // BLOCK_SIZE) + max_num_seqs * 1_100
+        timed_vllm, timed_fairway = timed_classes()
         sched = offline.make_offline_scheduler(
             None if arm == "vllm" else arm,
+            scheduler_cls=timed_vllm if arm == "vllm" else timed_fairway,
             num_blocks=num_blocks + 4_096,
             block_size=BLOCK_SIZE,
             max_num_batched_tokens=budget,
@@ -164,19 +227,28 @@ class Workload:
         return sched
 
 
-def _timed_step(offline: Any, sched: Any) -> tuple[float, int, float | None]:
-    """CPU seconds of `schedule()`, the requests it admitted, and Fairway's pre-pass seconds in
-    it (wall time, as `fairway:prepass_seconds` observes it; None: no pre-pass ran)."""
+def _timed_step(offline: Any, sched: Any) -> Sample:
+    """One `schedule()` (timed) and its `update_from_output()` (untimed)."""
     totals = getattr(sched, "fairway_totals", None)
     before = (totals.prepass_total_s, totals.prepass_count) if totals is not None else None
+    vllm_before = sched.vllm_cpu_s
     start = time.thread_time()
     out = sched.schedule()
     elapsed = time.thread_time() - start
     prepass = None
     if before is not None and totals.prepass_count > before[1]:
         prepass = totals.prepass_total_s - before[0]
+    vllm_s = sched.vllm_cpu_s - vllm_before
     sched.update_from_output(out, offline.fake_model_output(sched, out))
-    return elapsed, len(out.scheduled_new_reqs), prepass
+    return Sample(elapsed, vllm_s, len(out.scheduled_new_reqs), prepass)
+
+
+def _timed_add(offline: Any, sched: Any, requests: list[Any]) -> tuple[float, float]:
+    """CPU seconds of `add_request` for `requests`: in all, and in vLLM's own method."""
+    vllm_before = sched.vllm_cpu_s
+    start = time.thread_time()
+    offline.add_requests(sched, requests)
+    return time.thread_time() - start, sched.vllm_cpu_s - vllm_before
 
 
 def _unprobed(sched: Any) -> int:
@@ -185,26 +257,28 @@ def _unprobed(sched: Any) -> int:
     return getattr(memo, "num_unprobed", 0) if memo is not None else 0
 
 
-def _result(
-    arm: str,
-    kind: str,
-    n: int,
-    samples: list[float],
-    prepass: Sequence[float | None] = (),
-    admitted: Sequence[int] = (),
-) -> ArmResult:
-    ms = [s * 1e3 for s in samples]
-    p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) >= 2 else ms[0]
-    ran = [p * 1e3 for p in prepass if p is not None]
+def _p90(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=10)[-1] if len(values) >= 2 else values[0]
+
+
+def _result(arm: str, kind: str, n: int, samples: Sequence[Sample]) -> ArmResult:
+    ms = [s.total_s * 1e3 for s in samples]
+    own = [(s.total_s - s.vllm_s) * 1e3 for s in samples]
+    ran = [s.prepass_s * 1e3 for s in samples if s.prepass_s is not None]
+    starts = [s for s in samples if s.admitted]
+    per_start = [s.vllm_s * 1e3 / s.admitted for s in starts]
     return ArmResult(
         arm,
         kind,
         n,
         statistics.median(ms),
-        p90,
+        _p90(ms),
         statistics.median(ran) if ran else None,
         ms,
-        statistics.mean(admitted) if admitted else None,
+        statistics.mean(s.admitted for s in starts) if kind == "admit" and starts else None,
+        statistics.median(own),
+        _p90(own),
+        statistics.median(per_start) if kind == "admit" and per_start else None,
     )
 
 
@@ -217,8 +291,7 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
     waiting = work.templates[: work.num_waiting]
     for sched in scheds.values():
         work.offline.add_requests(sched, waiting)
-    samples: dict[str, list[float]] = {arm: [] for arm in arms}
-    prepass: dict[str, list[float | None]] = {arm: [] for arm in arms}
+    samples: dict[str, list[Sample]] = {arm: [] for arm in arms}
     for arm in arms:  # the first steps see every request new: that is the "burst" kind
         _timed_step(work.offline, scheds[arm])
         while _unprobed(scheds[arm]):
@@ -226,14 +299,13 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
     for _ in range(args.rounds):
         for arm in arms:
             for _ in range(args.steps // args.rounds):
-                elapsed, admitted, spent = _timed_step(work.offline, scheds[arm])
-                assert not admitted, "a full step must not admit anything"
-                samples[arm].append(elapsed)
-                prepass[arm].append(spent)
+                sample = _timed_step(work.offline, scheds[arm])
+                assert not sample.admitted, "a full step must not admit anything"
+                samples[arm].append(sample)
     for arm, sched in scheds.items():
         if arm != "vllm":
             assert sched.fairway_totals.policy_fallbacks == 0
-    return [_result(arm, "full", work.num_waiting, samples[arm], prepass[arm]) for arm in arms]
+    return [_result(arm, "full", work.num_waiting, samples[arm]) for arm in arms]
 
 
 def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult]:
@@ -245,38 +317,29 @@ def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[Ar
         sched, [work.copy(t, f"{arm}-{k}") for k, t in enumerate(templates[: work.num_waiting])]
     )
     next_k = work.num_waiting
-    admit: list[float] = []
-    busy: list[float] = []
-    started: list[int] = []  # requests admitted per "admit" step
-    spent_on: dict[str, list[float | None]] = {"admit": [], "busy": []}
+    admit: list[Sample] = []
+    busy: list[Sample] = []
     step_no = 0
     while step_no < args.warmup + args.steps:
-        elapsed, admitted, spent = _timed_step(offline, sched)
+        sample = _timed_step(offline, sched)
         if step_no < args.warmup and _unprobed(sched):
             step_no = 0  # warm up until the probe has seen every waiting request
         arrivals = []
-        for _ in range(admitted):  # as many arrive as were admitted: the queue stays at N
+        for _ in range(sample.admitted):  # as many arrive as were admitted: the queue stays at N
             template = templates[next_k % len(templates)]
             arrivals.append(work.copy(template, f"{arm}-{next_k}", time.time()))
             next_k += 1
-        start = time.thread_time()
-        offline.add_requests(sched, arrivals)  # timed too: Fairway registers them here
-        elapsed += time.thread_time() - start
+        sample = sample.plus(*_timed_add(offline, sched, arrivals))  # Fairway registers them
         if step_no >= args.warmup:
-            (admit if admitted else busy).append(elapsed)
-            if admitted:
-                started.append(admitted)
-            spent_on["admit" if admitted else "busy"].append(spent)
+            (admit if sample.admitted else busy).append(sample)
         step_no += 1
     if arm != "vllm":
         assert sched.fairway_totals.policy_fallbacks == 0
     results = []
     if admit:
-        results.append(
-            _result(arm, "admit", work.num_waiting, admit, spent_on["admit"], started)
-        )
+        results.append(_result(arm, "admit", work.num_waiting, admit))
     if busy:
-        results.append(_result(arm, "busy", work.num_waiting, busy, spent_on["busy"]))
+        results.append(_result(arm, "busy", work.num_waiting, busy))
     return results
 
 
@@ -286,8 +349,7 @@ def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult
     A fresh scheduler each time; `add_request` is timed too, since Fairway registers a new request
     there (vLLM's own `add_request` is in the baseline's time as well).
     """
-    samples: list[float] = []
-    prepass: list[float | None] = []
+    samples: list[Sample] = []
     for b in range(args.bursts):
         sched = work.scheduler(arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False)
         burst = [
@@ -295,14 +357,10 @@ def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult
             for k, t in enumerate(work.templates[: work.num_waiting])
         ]
         gc.collect()
-        start = time.thread_time()
-        work.offline.add_requests(sched, burst)
-        added = time.thread_time() - start
-        elapsed, _, spent = _timed_step(work.offline, sched)
-        samples.append(added + elapsed)
-        prepass.append(spent)
+        added = _timed_add(work.offline, sched, burst)
+        samples.append(_timed_step(work.offline, sched).plus(*added))
         del sched, burst
-    return [_result(arm, "burst", work.num_waiting, samples, prepass)]
+    return [_result(arm, "burst", work.num_waiting, samples)]
 
 
 def memory_per_request(work: Workload, policy: str, args: argparse.Namespace) -> float:
@@ -349,28 +407,48 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
     return results
 
 
+#: Issue 11's bound on Fairway's own time per step (ms), by (waiting, step kind).
+GOALS_MS = {
+    **{(1_000, kind): 1.0 for kind in ("full", "admit", "busy")},
+    **{(10_000, kind): 5.0 for kind in ("full", "admit", "busy")},
+    (1_000, "burst"): 50.0,
+}
+
+
+def goal_met(result: ArmResult) -> str:
+    """"yes"/"no" for Fairway's own median against `GOALS_MS`; "-": no goal (or vLLM's arm)."""
+    goal = GOALS_MS.get((result.waiting, result.kind))
+    if goal is None or result.arm == "vllm":
+        return "-"
+    return "yes" if result.own_median_ms <= goal else "no"
+
+
 def markdown(results: list[ArmResult]) -> str:
-    """One row per size, kind and arm: median and p90, added over vLLM's median, ratio, the
-    pre-pass, and the requests started per "admit" step."""
+    """One row per size, kind and arm: the step's median and p90, the added median over vLLM's,
+    Fairway's own time (median, p90) and its goal, the pre-pass, vLLM's part per started
+    request and the requests started per "admit" step."""
     base = {(r.waiting, r.kind): r for r in results if r.arm == "vllm"}
     lines = [
-        "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | "
-        "added p90 ms | ratio | pre-pass median ms | started per step |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | ratio | "
+        "Fairway's own median / p90 ms | goal met | pre-pass median ms | vLLM per start ms | "
+        "started per step |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind))):
         b = base.get((r.waiting, r.kind))
         arm = "vLLM Scheduler" if r.arm == "vllm" else f"Fairway ({r.arm})"
         if b is None or r.arm == "vllm":
-            added = added_p90 = "-"
+            added, own = "-", "-"
         else:
-            added, added_p90 = f"{r.median_ms - b.median_ms:+.3f}", f"{r.p90_ms - b.p90_ms:+.3f}"
+            added = f"{r.median_ms - b.median_ms:+.3f}"
+            own = f"{r.own_median_ms:.3f} / {r.own_p90_ms:.3f}"
         ratio = f"{r.median_ms / b.median_ms:.2f}" if b is not None else "-"
         prepass = f"{r.prepass_ms:.3f}" if r.prepass_ms is not None else "-"
+        per_start = f"{r.vllm_per_start_ms:.3f}" if r.vllm_per_start_ms is not None else "-"
         started = f"{r.admitted_mean:.2f}" if r.admitted_mean is not None else "-"
         lines.append(
             f"| {r.waiting:,} | {r.kind} | {arm} | {r.median_ms:.3f} | {r.p90_ms:.3f} | "
-            f"{added} | {added_p90} | {ratio} | {prepass} | {started} |"
+            f"{added} | {ratio} | {own} | {goal_met(r)} | {prepass} | {per_start} | {started} |"
         )
     return "\n".join(lines)
 
