@@ -416,7 +416,7 @@ GOALS_MS = {
 
 
 def goal_met(result: ArmResult) -> str:
-    """"yes"/"no" for Fairway's own median against `GOALS_MS`; "-": no goal (or vLLM's arm)."""
+    """Yes/no: Fairway's own median against `GOALS_MS`; "-": no goal (or vLLM's arm)."""
     goal = GOALS_MS.get((result.waiting, result.kind))
     if goal is None or result.arm == "vllm":
         return "-"
