@@ -117,7 +117,8 @@ class StepShare:
     """A cross-step policy's decision for one step (see `Policy.step_share`).
 
     Attributes:
-        waiting_order: the waiting queue's new order (a permutation of its indices).
+        waiting_order: the waiting queue's new order (a permutation of its indices; `fairway`
+            gives an intp array, so that the scheduler builds no list of n Python ints).
         front_id: the Fair lane's front (the oldest request not done with its prefill), if any.
         cap: per-request prefill cap for this step (vLLM's `long_prefill_token_threshold`), or
             None to leave the engine's own setting.
@@ -128,7 +129,7 @@ class StepShare:
             this step and its remaining tokens (for the ledgers, metrics and tests).
     """
 
-    waiting_order: list[int]
+    waiting_order: Sequence[int] | np.ndarray
     front_id: str | None = None
     cap: int | None = None
     running_first: tuple[str, ...] = ()

@@ -100,7 +100,7 @@ class FairwayPolicy(FastScore):
     _pending: _Pending | None = field(init=False, repr=False, default=None)
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
-        return self.step_share(queue, (), None, now).waiting_order
+        return np.asarray(self.step_share(queue, (), None, now).waiting_order).tolist()
 
     def step_share(
         self,
@@ -110,23 +110,24 @@ class FairwayPolicy(FastScore):
         now: float,
     ) -> StepShare:
         """The step's plan. `waiting` may be `QueueColumns` (the scheduler's numpy path):
-        per-request Python work is then limited to the requests that can get tokens this step."""
+        per-request Python work is then limited to the requests that can get tokens this step,
+        and the waiting order is an intp array (no per-request Python objects)."""
         queue = waiting if isinstance(waiting, QueueColumns) else QueueColumns.of(waiting)
         n = len(queue)
         cols = _Columns.of_columns(queue)
         front_wait, front_run = _front(queue, prefilling)
         scan = budget.scan if budget is not None else None
-        neg = -self._scores(cols, now) if n else np.zeros(0)
-        fast = _fast_prefix(cols, neg, front_wait, budget, n if scan is None else scan)
+        scores = self._scores(cols, now) if n else np.zeros(0)
+        fast = _fast_prefix(cols, -scores, front_wait, budget, n if scan is None else scan)
         rest = fast[fast != front_wait] if front_wait is not None else fast
-        lead = [front_wait] if front_wait is not None else []
+        lead = np.array([] if front_wait is None else [front_wait], dtype=np.intp)
         if len(fast) == n:  # the whole lane: the order the policy defines
-            share = StepShare(lead + rest.tolist())
+            share = StepShare(np.concatenate((lead, rest)))
         else:  # the head vLLM's scan can reach exactly, the others in row order (`order_head`)
             placed = np.zeros(n, dtype=bool)
             placed[rest] = True
             placed[lead] = True
-            share = StepShare([*lead, *rest.tolist(), *np.flatnonzero(~placed).tolist()])
+            share = StepShare(np.concatenate((lead, rest, np.flatnonzero(~placed))))
         self._pending = None
         if front_run is not None:
             front = Item(prefilling[front_run].request_id, prefilling[front_run].remaining, False)
@@ -136,7 +137,7 @@ class FairwayPolicy(FastScore):
         else:
             front = None
         if budget is not None and front is not None:
-            share = self._split(share, front, queue, cols, rest, prefilling, budget, now)
+            share = self._split(share, front, queue, cols, scores, rest, prefilling, budget, now)
         lanes = ["fast"] * (len(lead) + len(rest)) + [UNPLACED_LANE] * (n - len(lead) - len(rest))
         if front_wait is not None and share.front_id == front.request_id:  # type: ignore[union-attr]
             if share.waiting_order[0] == front_wait:
@@ -153,6 +154,7 @@ class FairwayPolicy(FastScore):
         front: Item,
         queue: QueueColumns,
         cols: _Columns,
+        scores: np.ndarray,
         rest: np.ndarray,
         prefilling: Sequence[PrefillingRequest],
         budget: StepBudget,
@@ -189,7 +191,9 @@ class FairwayPolicy(FastScore):
             return base
         target = min(front.demand, self.ledger.entitlement(floor, p))
         rest_budget = max(0, p - target - sum(budget.ahead))
-        extra, held = self._by_score(front, target, queue, cols, rest, prefilling, rest_budget, now)
+        extra, held = self._by_score(
+            front, target, queue, cols, scores, rest, prefilling, rest_budget, now
+        )
         target += extra
         running = [item for item in running if item.request_id not in held]
         plan = plan_step(front, running, ahead, waiting, p, budget.free_slots, target)
@@ -197,7 +201,7 @@ class FairwayPolicy(FastScore):
         self._pending = _Pending(front.request_id, owed_fair, min(fast_demand, p - target), p)
         order = share.waiting_order
         if front.waiting and not plan.front_first:
-            order = order[1:] + order[:1]
+            order = np.concatenate((order[1:], order[:1]))
         return StepShare(
             order,
             front.request_id,
@@ -216,6 +220,7 @@ class FairwayPolicy(FastScore):
         target: int,
         queue: QueueColumns,
         cols: _Columns,
+        scores: np.ndarray,
         rest: np.ndarray,
         prefilling: Sequence[PrefillingRequest],
         tokens: int,
@@ -228,7 +233,6 @@ class FairwayPolicy(FastScore):
         The tokens run out within the shortest prefix of the Fast lane (`rest`, already in this
         order) whose demand covers them, so only that prefix can matter; the others are left out.
         """
-        scores = self._scores(cols, now) if len(queue) else np.zeros(0)
         run = _Columns.of(
             [
                 QueuedRequest(

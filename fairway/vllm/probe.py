@@ -9,12 +9,13 @@ block hashes from the start, ~1 us per cached block on a CPU core, so re-probing
 16k-token prompts every step would cost ~0.5 s. A waiting request's hit changes only if
 (a) the last block of its hit chain was evicted or (b) its next block got cached. `PrefixProbe`
 memoizes per request the hash keys of those two blocks and indexes the requests by them, so a step
-checks (a) and (b) for the whole queue with two C-level set operations against the block pool's
-hash map and does Python work only for the requests whose hit changed. A new request (or one whose
-tail was evicted) is looked up from scratch by a binary search over its block hashes; new requests
-are looked up at most `probe_budget` per step, oldest first (a burst is spread over steps and its
-requests are ordered as misses until probed). The queue's fields live in numpy columns by row
-(`QueueColumns`), so the policies order arrays, not per-request Python objects.
+checks (a) with one C-level set difference against the block pool's hash map, (b) by looking up
+only the keys cached since the last step (the hash map is an insertion-ordered dict; see
+`PrefixProbe._grown_keys`), and does Python work only for the requests whose hit changed. A new
+request (or one whose tail was evicted) is looked up from scratch by a binary search over its block
+hashes; new requests are looked up at most `probe_budget` per step, oldest first (a burst is
+spread over steps and its requests are ordered as misses until probed). The queue's fields live in
+numpy columns by row (`QueueColumns`), so the policies order arrays, not per-request Python objects.
 
 Why checking the last block suffices (full-attention, single KV-cache group, the only mode the
 incremental path is used in): vLLM frees a request's blocks tail first and appends them to the LRU
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -209,7 +211,43 @@ PROBE_BUDGET = 1_024
 _ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
 #: Requests vLLM may have put back at the head of the queue that `_match` looks past.
 _MAX_HEAD = 256
+#: Steps after which `advance()` checks every waiting request's next block against the cache
+#: even when the walk over the newly cached keys proved that nothing else was cached.
+FULL_CHECK_EVERY = 32
 _request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
+#: `arrange` rebuilds the queue by list slices when at most this many rows moved to the front.
+_MAX_MOVED = 1_024
+
+
+def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any) -> list[str]:
+    """Request ids of ordered rows (`QueueColumns.ids_source`): row i is the request at
+    `current[positions[i]]`, or at `current[i]` when no request was set apart."""
+    if isinstance(rows, slice):
+        picked = current if positions is None else [current[i] for i in positions.tolist()]
+        return list(map(_request_id, picked[rows]))
+    index = np.asarray(rows, dtype=np.intp)
+    if positions is not None:
+        index = positions[index]
+    return [current[i].request_id for i in index.tolist()]  # vLLM internal: Request.request_id
+
+
+def _moved_to_front(order: np.ndarray) -> int:
+    """t such that `order[t:]` ascends: the new order is rows `order[:t]`, then every other row
+    in its current order (the shape of an `order_head` result)."""
+    descents = np.flatnonzero(order[1:] < order[:-1])
+    return int(descents[-1]) + 1 if len(descents) else 0
+
+
+def _move_to_front(current: list[Request], rows: list[int]) -> list[Request]:
+    """`current` with the requests at `rows` moved to the front, in that order: C-level list
+    slices between the moved positions instead of one Python object per request."""
+    queue = [current[i] for i in rows]
+    start = 0
+    for i in sorted(rows):
+        queue += current[start:i]
+        start = i + 1
+    queue += current[start:]
+    return queue
 
 
 @dataclass(slots=True, eq=False)
@@ -244,10 +282,12 @@ class PrefixProbe:
     block pool's hash map directly, not `get_computed_blocks`). Block-granular and capped at
     `num_tokens - 1` like vLLM's own lookup (the last token is always computed).
 
-    Cost per step (incremental path, see the module docstring): one dict lookup per waiting
-    request to find its row (C-level `map`), one C-level intersection of the waiting requests'
-    next-block keys with the hash map (growth), one C-level difference of their distinct chain-tail
-    keys with it (eviction), and Python work only for the requests whose hit changed. A new request
+    Cost per step (incremental path, see the module docstring): one C-level comparison with the
+    last arranged queue to find the rows (a dict lookup per request when that fails), one lookup
+    in the next-block index per key cached since the last step (growth; every next key is checked
+    by one C-level intersection every `FULL_CHECK_EVERY` steps), one C-level difference of the
+    distinct chain-tail keys with the hash map (eviction), and Python work only for the requests
+    whose hit changed. A new request
     costs one lookup: a binary search over its block hashes (~log2(blocks) hash-map reads), valid
     because the cached blocks of a chain are prefix-closed in that mode. At most `probe_budget` new
     requests are looked up per step, oldest first.
@@ -290,6 +330,10 @@ class PrefixProbe:
         self._pending: list[_Hit] = []  # not yet probed; oldest first once sorted
         self._pending_sorted = True
         self._by_next: dict[bytes, set[_Hit]] = {}
+        # The hash map's newest key, its block and the key before it at the last `advance()`,
+        # and the steps since the last check of every next key (see `_grown_keys`).
+        self._newest: tuple[bytes | None, Any, bytes | None] = (None, None, None)
+        self._since_full = 0
         self._by_last: dict[bytes, set[_Hit]] = {}
         # The last arranged queue, its rows, and the requests noted since (see `_match`).
         self._last_queue: list[Request] | None = None
@@ -478,21 +522,23 @@ class PrefixProbe:
         self.advance()
         snap = QueueSnapshot(current=current, slots=slots)
         kind = self._kind[slots]
+        positions = None  # position in `current` of each ordered row (None: row i is at i)
         if kind.any():
             snap.fixed = [current[i] for i in np.flatnonzero(kind == _FIXED).tolist()]
             snap.fixed_slots = slots[kind == _FIXED]
             snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
             snap.oversized_slots = slots[kind == _OVERSIZED]
-            slots = slots[kind == _ORDERED]
+            positions = np.flatnonzero(kind == _ORDERED)
+            slots = slots[positions]
         snap.ordered_slots = slots
-        ordered = self._request_of[slots]  # the ids are read later, maybe after admission
         cols = QueueColumns(
             arrival=self._arrival[slots],
             prompt_tokens=self._prompt[slots],
             cached_tokens=self._cached[slots],
             keys=slots,
             new=~self._given[slots],
-            ids_source=lambda rows: list(map(_request_id, ordered[rows].tolist())),
+            # read later, maybe after admission: from this step's list, not the probe's rows
+            ids_source=partial(_ids_of_rows, current, positions),
         )
         snap.columns = cols
         if len(slots):
@@ -508,11 +554,15 @@ class PrefixProbe:
         by one C-level list comparison instead of a dict lookup per request.
         """
         parts = [snap.ordered_slots[order]]
-        if len(snap.fixed_slots) or len(snap.oversized_slots):
+        special = len(snap.fixed_slots) or len(snap.oversized_slots)
+        if special:
             parts = [snap.fixed_slots, parts[0], snap.oversized_slots]
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        if np.array_equal(slots, snap.slots):
+        moved = len(order) if special else _moved_to_front(order)
+        if moved == 0 or np.array_equal(slots, snap.slots):
             queue = snap.current
+        elif moved <= _MAX_MOVED:  # a few rows moved to the front, the rest kept their order
+            queue = _move_to_front(snap.current, order[:moved].tolist())
         else:
             queue = self._request_of[slots].tolist()
         self._last_queue, self._last_slots = queue, slots
@@ -581,9 +631,55 @@ class PrefixProbe:
                     self._lookup(hit)
         by_next = self._by_next
         if by_next:
-            for key in by_next.keys() & cache.keys():  # next blocks that got cached
+            for key in self._grown_keys(cache, by_next):  # next blocks that got cached
                 for hit in list(by_next.get(key, ())):
                     self._extend(hit)
+        self._since_full += 1
+        self._mark_newest(cache)
+
+    def _grown_keys(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
+        """Keys of `by_next` that may have been cached since the last `advance()`.
+
+        The hash map is a dict, so keys cached since then come after the newest key seen last
+        time (`_mark_newest`), in insertion order: a walk back from the newest key (newest first)
+        costs O(blocks cached since), instead of a check of every waiting request's next key.
+        The walk proves itself: it must meet the remembered newest key, holding the same block,
+        with the remembered second-newest key right behind it (else a key was popped and put
+        back at the end, which vLLM does when an eviction finds another block under the hash).
+        When it cannot prove it, or after `FULL_CHECK_EVERY` steps, the whole index is checked
+        (one C-level intersection), so a growth is seen at the latest that many steps late.
+        """
+        newest, block, second = self._newest
+        if (
+            newest is None
+            or self._since_full >= FULL_CHECK_EVERY
+            or cache.get(newest) is not block
+        ):
+            return self._all_grown(cache, by_next)
+        grown: list[bytes] = []
+        walk = reversed(cache)
+        limit = len(by_next)
+        for key in walk:
+            if key is newest:
+                behind = next(walk, None)
+                if behind is second:
+                    return grown
+                return self._all_grown(cache, by_next)
+            grown.append(key)
+            if len(grown) > limit:  # as costly as the full check: do that instead
+                break
+        return self._all_grown(cache, by_next)
+
+    def _all_grown(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
+        self._since_full = 0
+        return by_next.keys() & cache.keys()
+
+    def _mark_newest(self, cache: dict[bytes, Any]) -> None:
+        """Remember the hash map's newest key, its block and the key before it (`_grown_keys`)."""
+        walk = reversed(cache)
+        newest = next(walk, None)
+        block = cache[newest] if newest is not None else None
+        self._newest = (newest, block, next(walk, None))
 
     def note_arrival(self, request: Request) -> None:
         """Register a request as vLLM appends it to the queue (a step that cannot admit still
@@ -680,6 +776,7 @@ class PrefixProbe:
         self._bind()
         self._by_next.clear()
         self._by_last.clear()
+        self._newest = (None, None, None)
         for hit in self._hits:
             if hit is not None and hit.probed and self._kind[hit.slot] != _OVERSIZED:
                 hit.probed, hit.blocks, hit.next_key, hit.last_key = False, 0, None, None

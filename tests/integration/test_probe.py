@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.integration
 
@@ -248,3 +251,95 @@ def test_reset_prefix_cache_forgets_every_hit(offline, helpers):
     assert sched.fairway_probe.cached_tokens(w) == 160
     assert sched.kv_cache_manager.reset_prefix_cache()
     assert sched.fairway_probe.cached_tokens(w) == 0 == sched.fairway_probe.fresh_cached_tokens(w)
+
+
+def _waiting_on_a_cached_prefix(offline, helpers):
+    """W waits (nothing is scheduled) on a cached 20-block prefix; the probe has seen it once.
+
+    Returns the scheduler, W, the hash-map dict and the key of W's next block (uncached)."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    sched = offline.make_offline_scheduler("lpm", num_blocks=200, max_num_seqs=2)
+    prefix = helpers.tokens(1, 320)  # 20 blocks
+    sched.add_request(offline.make_request("P", prefix, 0.0))
+    offline.run_until_idle(sched)
+    w = offline.make_request("W", prefix + helpers.tokens(5_000, 160), 1.0)
+    sched.add_request(w)
+    probe = sched.fairway_probe
+    probe.snapshot(list(sched.waiting))
+    assert probe.known_cached_tokens(w) == 320
+    cache = sched.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+    return sched, w, cache, make_block_hash_with_group_id(w.block_hashes[20], 0)
+
+
+def _cache_fake_block(sched, cache, key) -> None:
+    """Put a free block under `key` in the hash map, as if vLLM had just cached it there."""
+    cache[key] = sched.kv_cache_manager.block_pool.blocks[150]
+
+
+def _put_back(cache, key) -> None:
+    """Pop `key` and insert it again with its block: vLLM's eviction does this when it finds
+    another block under the hash; the key moves to the dict's end."""
+    cache[key] = cache.pop(key)
+
+
+def test_growth_is_found_by_walking_the_newly_cached_keys(offline, helpers):
+    sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
+    probe = sched.fairway_probe
+    probe._since_full = 0
+    _cache_fake_block(sched, cache, key)
+    probe.snapshot(list(sched.waiting))
+    assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
+    assert probe._since_full == 1  # found by the walk, not by a check of every next key
+
+
+def test_a_newest_key_put_back_at_the_end_forces_the_full_check(offline, helpers):
+    """The walk meets the remembered newest key first, but the key behind it is not the one
+    remembered: a key was cached before the put-back, so every next key is checked."""
+    sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
+    probe = sched.fairway_probe
+    probe._since_full = 5
+    newest = probe._newest[0]
+    _cache_fake_block(sched, cache, key)
+    _put_back(cache, newest)
+    assert next(reversed(cache)) is newest
+    probe.snapshot(list(sched.waiting))
+    assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
+    assert probe._since_full == 1  # the full check ran (reset to 0) in this advance
+
+
+def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(offline, helpers):
+    """The stated bound: both remembered keys put back in order after a new key was cached hide
+    it from the walk; the periodic check of every next key finds it at the latest
+    `FULL_CHECK_EVERY` steps later."""
+    from fairway.vllm.probe import FULL_CHECK_EVERY
+
+    sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
+    probe = sched.fairway_probe
+    probe._since_full = 0
+    newest, _, second = probe._newest
+    _cache_fake_block(sched, cache, key)
+    _put_back(cache, second)
+    _put_back(cache, newest)
+    seen = []
+    for _ in range(FULL_CHECK_EVERY + 1):
+        probe.snapshot(list(sched.waiting))
+        seen.append(probe.known_cached_tokens(w))
+    assert probe.fresh_cached_tokens(w) == 336
+    assert seen[0] == 320  # hidden from the walk
+    assert seen[-1] == 336 and 0 < seen.index(336) <= FULL_CHECK_EVERY
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(0, 60))
+def test_moving_a_head_to_the_front_equals_the_permutation(data, n):
+    """`arrange`'s list-slice path builds the same queue as indexing by the whole order."""
+    from fairway.vllm.probe import _move_to_front, _moved_to_front
+
+    head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
+    head = [i for i in head if i < n]
+    order = np.array(head + sorted(set(range(n)) - set(head)), dtype=np.intp)
+    current = [object() for _ in range(n)]
+    moved = _moved_to_front(order)
+    assert moved <= len(head) and sorted(order[moved:].tolist()) == order[moved:].tolist()
+    assert _move_to_front(current, order[:moved].tolist()) == [current[i] for i in order]

@@ -151,7 +151,8 @@ def test_fairway_share_over_the_step_head_equals_the_whole_queue(
 
     def plan(policy):
         share = policy.step_share(queue, running, budget, 10.0)
-        return share, list(policy.last_lanes)
+        order = list(share.waiting_order)  # an array: compared as a list
+        return dataclasses.replace(share, waiting_order=order), list(policy.last_lanes)
 
     fast = plan(get("fairway"))
 
@@ -206,12 +207,12 @@ def test_fairway_share_over_the_scanned_head_equals_the_whole_queue(
             full, waiting_order=[]
         )
         n, k = len(queue), min(scan, len(queue))
-        order = list(got.waiting_order)
+        order, full_order = list(got.waiting_order), list(full.waiting_order)
         assert sorted(order) == list(range(n))
-        assert order[:k] == full.waiting_order[:k]
+        assert order[:k] == full_order[:k]
         assert head.last_lanes[:k] == whole.last_lanes[:k]
         assert head._pending == whole._pending
-        if n > k and order != full.waiting_order:
+        if n > k and order != full_order:
             lanes = head.last_lanes
             unplaced = [i for i, lane in zip(order, lanes, strict=True) if lane == UNPLACED_LANE]
             assert unplaced == sorted(unplaced)

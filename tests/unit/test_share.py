@@ -113,7 +113,7 @@ def test_policy_uncontested_step_changes_nothing() -> None:
     policy = get("fairway")
     queue = [QueuedRequest("M", 0.0, 600, 0), QueuedRequest("H", 1.0, 900, 600)]
     share = policy.step_share(queue, (), StepBudget(B, 64), now=2.0)
-    assert share.cap is None and share.front_id == "M" and share.waiting_order == [0, 1]
+    assert share.cap is None and share.front_id == "M" and list(share.waiting_order) == [0, 1]
 
 
 def test_policy_front_is_the_oldest_running_or_waiting() -> None:
