@@ -243,14 +243,12 @@ class FairwayPolicy(FastScore):
         )
         run_scores = self._scores(run, now).tolist() if prefilling else []
         top = _covering(rest, cols.work, tokens)
-        ids = queue.ids_of(top)
-        # (score, arrival, id, demand, running?)
-        entries = [
-            (s, a, request_id, int(w), False)
-            for s, a, request_id, w in zip(
+        # (score, arrival, id, demand, running?); a waiting request's id is never read (None)
+        entries: list[tuple[float, float, str | None, int, bool]] = [
+            (s, a, None, int(w), False)
+            for s, a, w in zip(
                 scores[top].tolist(),
                 cols.arrival[top].tolist(),
-                ids,
                 cols.work[top].tolist(),
                 strict=True,
             )
@@ -318,13 +316,14 @@ def _items(
     queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int, lead: list[int]
 ) -> list[Item]:
     """The first `slots` Fast-lane waiting requests as `Item`s, then one with the largest
-    demand of the rest (if any): vLLM's scan can start no more than `slots` of them.
+    demand of the rest (if any): vLLM's scan can start no more than `slots` of them. Their ids
+    are left empty: a plan names only running requests (`running_first`, `hold`).
 
     `rest` may be a prefix of the lane (at least `slots` long unless it is all of it); the
     largest demand is taken over every row but the first `slots` and the front (`lead`)."""
     top = rest[:slots]
     demands = cols.work[top].astype(np.int64).tolist()
-    items = [Item(i, d, True) for i, d in zip(queue.ids_of(top), demands, strict=True)]
+    items = [Item("", d, True) for d in demands]
     others = np.ones(len(queue), dtype=bool)
     others[top] = False
     others[lead] = False
