@@ -16,20 +16,21 @@ requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-
     Fairway's prefix probe.
 
 Timing is the CPU time of this thread (`time.thread_time`, so that a shared machine's
-descheduling is not charged to an arm) of `schedule()` plus the `add_request` calls of the
-requests that arrive after it; `update_from_output()` runs untimed with a fake model output.
+descheduling is not charged to an arm) of `schedule()`, `update_from_output()` (with a fake
+model output, built untimed) and the `add_request` calls of the requests that arrive after it.
 Every arm is built on `TimedScheduler`, vLLM's `Scheduler` with a CPU-time counter around its own
-`schedule()` and `add_request()`, so each step splits into vLLM's part and the rest:
+`schedule()`, `update_from_output()` and `add_request()`, so each step splits into vLLM's part and
+the rest:
 
   * "Fairway's own" = the step's time minus vLLM's part in the same step: everything Fairway
-    runs (the `add_request` hook, the pre-pass, the token share, the after-step bookkeeping), and
-    nothing else. This is the cost the goal of issue 11 bounds (0 for vLLM's own arm, up to the
-    counter's own cost);
+    runs (the `add_request` hook, the pre-pass, the token share, the after-step bookkeeping, the
+    queue metrics after `update_from_output`), and nothing else. This is the cost the goal of
+    issue 11 bounds (0 for vLLM's own arm, up to the counter's own cost);
   * "added" = the arm's median minus vLLM's median of the same kind and size. It also holds the
     difference in vLLM's own work: a policy that starts more requests per step (hits with short
     uncached suffixes) makes vLLM do more admissions per step, each with vLLM's own prefix lookup
     and block allocation. "vLLM per start" (vLLM's part of an admitting step / requests started,
-    median) shows that this work per request is the same under every order.
+    median) compares that work per started request across the arms.
 
 "pre-pass" is Fairway's ordering and share as `fairway:prepass_seconds` observes it (wall time,
 median over the steps that ran it).
@@ -80,7 +81,7 @@ class ArmResult:
     samples_ms: list[float] = field(default_factory=list, repr=False)
     #: Requests started per measured step ("admit" steps; vLLM's own work grows with it).
     admitted_mean: float | None = None
-    #: Fairway's own time per step: the step minus vLLM's `schedule()` / `add_request()` in it.
+    #: Fairway's own time per step: the step minus vLLM's own methods in it.
     own_median_ms: float = 0.0
     own_p90_ms: float = 0.0
     #: vLLM's part of an admitting step per request it started (median; "admit" steps only).
@@ -103,8 +104,8 @@ class Sample:
 
 
 def timed_classes() -> tuple[type, type]:
-    """`TimedScheduler` (vLLM's `Scheduler` counting the CPU time of its own `schedule()` and
-    `add_request()` in `vllm_cpu_s`) and Fairway's mixin on top of it."""
+    """`TimedScheduler` (vLLM's `Scheduler` counting the CPU time of its own `schedule()`,
+    `update_from_output()` and `add_request()` in `vllm_cpu_s`) and Fairway's mixin on top."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from fairway.vllm.scheduler import FairwaySchedulerMixin
@@ -123,6 +124,13 @@ def timed_classes() -> tuple[type, type]:
             start = time.thread_time()
             try:
                 return super().add_request(*args, **kwargs)
+            finally:
+                self.vllm_cpu_s += time.thread_time() - start
+
+        def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return super().update_from_output(*args, **kwargs)
             finally:
                 self.vllm_cpu_s += time.thread_time() - start
 
@@ -228,18 +236,21 @@ class Workload:
 
 
 def _timed_step(offline: Any, sched: Any) -> Sample:
-    """One `schedule()` (timed) and its `update_from_output()` (untimed)."""
+    """One `schedule()` and its `update_from_output()`, timed (the fake model output is not)."""
     totals = getattr(sched, "fairway_totals", None)
     before = (totals.prepass_total_s, totals.prepass_count) if totals is not None else None
     vllm_before = sched.vllm_cpu_s
     start = time.thread_time()
     out = sched.schedule()
     elapsed = time.thread_time() - start
+    model_output = offline.fake_model_output(sched, out)
+    start = time.thread_time()
+    sched.update_from_output(out, model_output)
+    elapsed += time.thread_time() - start
     prepass = None
     if before is not None and totals.prepass_count > before[1]:
         prepass = totals.prepass_total_s - before[0]
     vllm_s = sched.vllm_cpu_s - vllm_before
-    sched.update_from_output(out, offline.fake_model_output(sched, out))
     return Sample(elapsed, vllm_s, len(out.scheduled_new_reqs), prepass)
 
 
