@@ -11,8 +11,10 @@ the rest of the budget. `tests/unit/test_share.py` checks the plan against this 
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate, compress, count, islice
 
 #: A cap no request reaches (vLLM's "no cap" is 0; the model uses a large number instead).
 NO_CAP = 1 << 40
@@ -44,42 +46,107 @@ def grants(seq: Sequence[Item], cap: int, budget: int, slots: int) -> list[int]:
     return out
 
 
+def _truncated(seq: Sequence[Item], slots: int) -> list[int]:
+    """Demands of the prefix of `seq` the scan can reach: it stops at the first waiting item once
+    `slots` waiting items are in (at the first one if `slots` <= 0). Where it stops depends on
+    neither the cap nor the budget, so one cut serves every cap a search tries."""
+    if slots < len(seq):  # else every waiting item gets a slot
+        waits = [item.waiting for item in seq]
+        seq = seq[: next(islice(compress(count(), waits), max(0, slots), None), len(seq))]
+    return [item.demand for item in seq]
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """The scan's tokens as a function of the cap: f(c) = sum of min(d, c) over the demands d
+    the scan reaches (`_truncated`; demands are remaining tokens, never negative).
+
+    For a budget B > 0, sum(grants(seq, cap, B, slots)) == min(B, f(cap)) (0 for B <= 0): each
+    item gets min(d, cap, budget left) and the scan ends when the budget is gone. With those
+    demands sorted, d_1 <= ... <= d_m, and P_k = d_1 + ... + d_k, f is piecewise linear and
+    nondecreasing: f(c) = P_k + c * (m - k) for d_k <= c <= d_{k+1}. So the smallest cap that
+    reaches a number of tokens, and the largest that stays within one, are a bisection over the
+    m + 1 knees f(d_k) (d_0 = 0) plus one division, instead of a binary search over the cap that
+    runs the O(m) scan at each try (the per-step cost of `plan_step`, issue 11). Sorting and
+    bisect run in C; with m in the tens to hundreds, numpy's per-call overhead would dominate.
+    """
+
+    demands: list[int]  # sorted
+    sums: list[int]  # sums[k] = P_k, k = 0..m
+
+    @classmethod
+    def of(cls, seq: Sequence[Item], slots: int) -> _Served:
+        demands = sorted(_truncated(seq, slots))
+        return cls(demands, [0, *accumulate(demands)])
+
+    @property
+    def total(self) -> int:
+        """f with no cap: every reachable demand in full."""
+        return self.sums[-1]
+
+    def at(self, cap: int) -> int:
+        """f(cap), for cap >= 0."""
+        k = bisect_right(self.demands, cap)
+        return self.sums[k] + cap * (len(self.demands) - k)
+
+    def _knee(self, k: int) -> int:
+        """f(d_k), d_0 = 0."""
+        return self.sums[k] + self.demands[k - 1] * (len(self.demands) - k) if k else 0
+
+    def _base(self, k: int) -> int:
+        return self.demands[k - 1] if k else 0
+
+    def first_reaching(self, tokens: int) -> int:
+        """The smallest cap c with f(c) >= tokens, for 0 < tokens <= `total`."""
+        k = bisect_left(range(len(self.demands) + 1), tokens, key=self._knee)  # f(d_k) >= tokens
+        slope = len(self.demands) - k + 1  # f on [d_{k-1}, d_k]
+        return self._base(k - 1) - (self._knee(k - 1) - tokens) // slope
+
+    def last_within(self, tokens: int) -> int:
+        """The largest cap c with f(c) <= tokens, for 0 <= tokens < `total`."""
+        k = bisect_right(range(len(self.demands) + 1), tokens, key=self._knee) - 1
+        slope = len(self.demands) - k  # f on [d_k, d_{k+1}], f(d_{k+1}) > tokens
+        return self._base(k) + (tokens - self._knee(k)) // slope
+
+
 def demand_served(seq: Sequence[Item], slots: int) -> int:
-    """Tokens the scan would give with no cap and no budget limit (slot limits only)."""
-    return sum(grants(seq, NO_CAP, NO_CAP, slots))
+    """Tokens the scan would give with no cap and no budget limit (slot limits only): the
+    reachable demands in full (`grants` with cap and budget NO_CAP, hence the min)."""
+    return min(NO_CAP, sum(_truncated(seq, slots)))
+
+
+def _taken(seq: Sequence[Item], cap: int, slots: int) -> int:
+    """Tokens the scan gives with this cap and no budget limit: sum(grants(seq, cap, NO_CAP,
+    slots)), which is min(NO_CAP, f(cap)) (`_Served`)."""
+    return min(NO_CAP, _Served.of(seq, slots).at(cap))
 
 
 def water_level(seq: Sequence[Item], budget: int, slots: int, lo: int) -> int:
-    """The smallest cap >= lo with which the scan fills the budget (the largest demand if none)."""
-    hi = max([lo, *(item.demand for item in seq)])
-    if sum(grants(seq, hi, budget, slots)) < budget:
-        return hi
-    if sum(grants(seq, lo, budget, slots)) >= budget:
+    """The smallest cap >= lo with which the scan fills the budget (the largest demand if none).
+
+    Closed form (`_Served`): the scan gives min(budget, f(cap)) tokens, so the level is the
+    smallest c with f(c) >= budget, raised to lo.
+    """
+    if budget <= 0:  # nothing to fill: any cap does
         return lo
-    while hi - lo > 1:  # total(lo) < budget <= total(hi)
-        mid = (lo + hi) // 2
-        if sum(grants(seq, mid, budget, slots)) >= budget:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    served = _Served.of(seq, slots)
+    if served.total < budget:
+        return max(lo, max([item.demand for item in seq], default=lo))
+    return max(lo, served.first_reaching(budget))
 
 
 def cap_limit(before: Sequence[Item], room: int, slots: int) -> int:
-    """The largest cap with which the items `before` take at most `room` tokens (0: none)."""
-    hi = max([1, *(item.demand for item in before)])
-    if demand_served(before, slots) <= room:
+    """The largest cap with which the items `before` take at most `room` tokens (0: none).
+
+    Closed form (`_Served`): with no budget limit they take f(cap), so the cap is the largest c
+    with f(c) <= room; NO_CAP if all they can take fits, 0 if a cap of 1 already takes too much.
+    """
+    served = _Served.of(before, slots)
+    if min(NO_CAP, served.total) <= room:
         return NO_CAP
-    if sum(grants(before, 1, NO_CAP, slots)) > room:
+    if served.at(1) > room:
         return 0
-    lo = 1
-    while hi - lo > 1:  # taken(lo) <= room < taken(hi)
-        mid = (lo + hi) // 2
-        if sum(grants(before, mid, NO_CAP, slots)) <= room:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return served.last_within(room)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +264,12 @@ def _min_hold(
     """How many of the newest running prefills to hold back so that, with O first in the waiting
     order and the cap at the water level, the requests ahead of O leave it its target."""
 
+    tail = [front, *waiting]
+
     def fits(hold: int) -> bool:
-        kept = list(running[: len(running) - hold])
-        level = water_level([*kept, *ahead, front, *waiting], budget, slots, lo)
-        return sum(grants([*kept, *ahead], level, NO_CAP, slots)) <= room
+        before = [*running[: len(running) - hold], *ahead]
+        level = water_level([*before, *tail], budget, slots, lo)
+        return _taken(before, level, slots) <= room
 
     if fits(0):
         return 0

@@ -157,3 +157,32 @@ def test_order_alone_puts_the_oldest_first_then_the_fast_lane() -> None:
         QueuedRequest("H2", 1.1, 6300, 6000),
     ]
     assert get("fairway").order(queue, now=1.2) == [1, 0, 2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    front=demands,
+    running=st.lists(demands, max_size=8),
+    waiting=st.lists(demands, max_size=8),
+    ahead=st.lists(demands, max_size=2),
+    budget=st.integers(16, B),
+    target=st.integers(0, B),
+)
+def test_hold_is_the_fewest_newest_prefills_that_leave_o_its_target(
+    front, running, waiting, ahead, budget, target
+) -> None:
+    """One fewer held back and the requests before O (O first, cap at the water level) would take
+    more than budget - target; with those held back they take at most that."""
+    o, run = Item("O", front, True), items(*running, waiting=False, tag="r")
+    head, wait = items(*ahead, tag="a"), items(*waiting, tag="w")
+    target = min(target, front, budget)
+    lo, room = max(1, target), budget - target
+
+    def fits(hold: int) -> bool:
+        before = [*run[: len(run) - hold], *head]
+        level = water_level([*before, o, *wait], budget, 64, lo)
+        return sum(grants(before, level, NO_CAP, 64)) <= room
+
+    hold = len(plan_step(o, run, head, wait, budget, 64, target).hold)
+    assert hold == 0 or not fits(hold - 1)
+    assert hold == len(run) or fits(hold)
