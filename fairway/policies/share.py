@@ -129,6 +129,15 @@ def water_level(seq: Sequence[Item], budget: int, slots: int, lo: int) -> int:
     """
     if budget <= 0:  # nothing to fill: any cap does
         return lo
+    left, free = budget, slots  # cap lo often fills it within a few items (O running): stop
+    for item in seq:
+        if item.waiting:
+            if free <= 0:
+                break
+            free -= 1
+        left -= min(item.demand, lo)
+        if left <= 0:
+            return lo
     served = _Served.of(seq, slots)
     if served.total < budget:
         return max(lo, max([item.demand for item in seq], default=lo))
