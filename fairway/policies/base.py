@@ -200,6 +200,11 @@ class Policy:
         """
         return StepShare(self.order(waiting, now) if waiting else [])
 
+    def idle_step(self) -> None:  # noqa: B027 - optional hook
+        """A step in which no prefill can run: no free request slot and no running request in
+        prefill. The engine skips `step_share()` for it (policies with `shares_steps`): nothing
+        can start and nothing is capped. Default: nothing."""
+
     def on_step_end(  # noqa: B027 - optional hook
         self, admitted_ids: Sequence[str], prefill_tokens: int
     ) -> None:

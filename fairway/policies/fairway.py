@@ -233,15 +233,7 @@ class FairwayPolicy(FastScore):
         The tokens run out within the shortest prefix of the Fast lane (`rest`, already in this
         order) whose demand covers them, so only that prefix can matter; the others are left out.
         """
-        run = _Columns.of(
-            [
-                QueuedRequest(
-                    p.request_id, p.arrival, p.prompt_tokens, p.prompt_tokens - p.remaining
-                )
-                for p in prefilling
-            ]
-        )
-        run_scores = self._scores(run, now).tolist() if prefilling else []
+        run_scores = self._scores(_running_columns(prefilling), now).tolist() if prefilling else []
         top = _covering(rest, cols.work, tokens)
         # (score, arrival, id, demand, running?); a waiting request's id is never read (None)
         entries: list[tuple[float, float, str | None, int, bool]] = [
@@ -278,6 +270,13 @@ class FairwayPolicy(FastScore):
                 held.add(request_id)
         return extra, frozenset(held)
 
+    def idle_step(self) -> None:
+        """No prefill can run this step: not contested, as `step_share` would find (no Fast
+        demand), so the ledgers reset and nothing is pending."""
+        self.ledger.reset()
+        self._pending = None
+        self.last_share = None
+
     def on_step_end(
         self,
         admitted_ids: Sequence[str],
@@ -304,6 +303,16 @@ def _front(
     ):
         return None, best_run
     return best_wait, None
+
+
+def _running_columns(prefilling: Sequence[PrefillingRequest]) -> _Columns:
+    """Running prefills as score columns: the tokens already computed play the cached part
+    (the same values `_Columns.of` gives for their `QueuedRequest` views)."""
+    k = len(prefilling)
+    arrival = np.fromiter((p.arrival for p in prefilling), np.float64, k)
+    prompt = np.fromiter((p.prompt_tokens for p in prefilling), np.float64, k)
+    remaining = np.fromiter((p.remaining for p in prefilling), np.float64, k)
+    return _Columns(arrival, prompt, prompt - remaining, np.maximum(remaining, 1.0))
 
 
 def _covering(rest: np.ndarray, work: np.ndarray, tokens: int) -> np.ndarray:

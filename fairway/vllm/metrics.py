@@ -85,7 +85,7 @@ class FairwayStats:
 
     def take(self) -> FairwayStats:
         """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
-        taken = FairwayStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        taken = FairwayStats(**{name: getattr(self, name) for name in _STATS_FIELDS})
         self.steps_ordered = self.policy_fallbacks = 0
         self.oversized_rejected = self.protected_blocks = 0
         self.placed = dict.fromkeys(LANES, 0)
@@ -113,6 +113,7 @@ class FairwayStats:
             self.queue_work_min_tokens = other.queue_work_min_tokens
 
 
+_STATS_FIELDS = tuple(f.name for f in fields(FairwayStats))
 _collectors: dict[str, Any] | None = None
 
 

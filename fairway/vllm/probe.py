@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import repeat
+from itertools import islice, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -214,6 +214,8 @@ _MAX_HEAD = 256
 #: Steps after which `advance()` checks every waiting request's next block against the cache
 #: even when the walk over the newly cached keys proved that nothing else was cached.
 FULL_CHECK_EVERY = 32
+#: Keys `_grown_keys` reads from the hash map's end at a time.
+_WALK_CHUNK = 256
 _request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
 #: `arrange` rebuilds the queue by list slices when at most this many rows moved to the front.
 _MAX_MOVED = 1_024
@@ -658,16 +660,22 @@ class PrefixProbe:
             return self._all_grown(cache, by_next)
         grown: list[bytes] = []
         walk = reversed(cache)
-        limit = len(by_next)
-        for key in walk:
-            if key is newest:
-                behind = next(walk, None)
-                if behind is second:
-                    return grown
-                return self._all_grown(cache, by_next)
-            grown.append(key)
-            if len(grown) > limit:  # as costly as the full check: do that instead
+        while len(grown) <= len(by_next):  # else as costly as the full check: do that instead
+            chunk = list(islice(walk, _WALK_CHUNK))  # newest first, read in C
+            try:
+                i = chunk.index(newest)
+            except ValueError:
+                grown += chunk
+                if len(chunk) < _WALK_CHUNK:  # the newest key is gone
+                    break
+                continue
+            if chunk[i] is not newest:  # an equal key, inserted again
                 break
+            behind = chunk[i + 1] if i + 1 < len(chunk) else next(walk, None)
+            if behind is not second:
+                break
+            grown += chunk[:i]
+            return by_next.keys() & grown  # the lookups in C, too
         return self._all_grown(cache, by_next)
 
     def _all_grown(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:

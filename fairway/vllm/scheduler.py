@@ -201,24 +201,20 @@ class FairwaySchedulerMixin:
 
         When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
         the queue keeps its last order and only the probe advances (new arrivals within its
-        budget, changed hits). Not for a policy that shares steps: its split also caps the
-        running prefills, so it is planned every step.
+        budget, changed hits). For a policy that shares steps only when no running request is
+        in prefill either (its split also caps the running prefills): nothing is contested, and
+        the policy is told so (`idle_step`).
         """
         queue = probe.waiting_queue(self)
         self._fairway_prepass_ran = bool(queue)
-        memo = self.fairway_probe
         try:
-            if not queue or (not self._fairway_shares and not probe.can_admit(self)):
-                if len(memo) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
-                    memo.snapshot(list(queue))
-                if queue:
-                    memo.advance()
-                    self.fairway_steps_skipped += 1
-                    oldest = memo.oldest_arrival()
-                    self.fairway_stats.oldest_waiting_age_s = max(
-                        0.0, self.fairway_clock() - oldest
-                    )
-                return None
+            if not queue or not probe.can_admit(self):
+                contested = bool(queue) and self._fairway_shares and share.has_running_prefill(self)
+                if not contested:
+                    if queue and self._fairway_shares:
+                        self.fairway_policy.idle_step()
+                    self._fairway_skip(queue)
+                    return None
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc)
             return None
@@ -233,6 +229,18 @@ class FairwaySchedulerMixin:
         if self.fairway_options.protect_enabled:
             self._fairway_protect(placed.queue)
         return placed
+
+    def _fairway_skip(self, queue: Any) -> None:
+        """A step without ordering: the probe advances (new arrivals within its budget, changed
+        hits); memos of requests that left without being admitted are dropped."""
+        memo = self.fairway_probe
+        if len(memo) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
+            memo.snapshot(list(queue))
+        if queue:
+            memo.advance()
+            self.fairway_steps_skipped += 1
+            oldest = memo.oldest_arrival()
+            self.fairway_stats.oldest_waiting_age_s = max(0.0, self.fairway_clock() - oldest)
 
     def _fairway_plan(self, current: list[Request]) -> _Placed:
         """The new queue order (a permutation of `current`), or an exception."""

@@ -96,6 +96,14 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
     return views, decode_tokens
 
 
+def has_running_prefill(scheduler: Scheduler) -> bool:
+    """Whether a running request is still in prefill (what `running_prefills` would list)."""
+    # vLLM internal: Scheduler.running / Request.is_prefill_chunk / num_computed_tokens
+    return any(
+        r.is_prefill_chunk and r.num_tokens > r.num_computed_tokens for r in scheduler.running
+    )
+
+
 def step_budget(
     scheduler: Scheduler,
     decode_tokens: int,

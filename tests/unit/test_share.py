@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -186,3 +187,20 @@ def test_hold_is_the_fewest_newest_prefills_that_leave_o_its_target(
     hold = len(plan_step(o, run, head, wait, budget, 64, target).hold)
     assert hold == 0 or not fits(hold - 1)
     assert hold == len(run) or fits(hold)
+
+
+@pytest.mark.parametrize("front_waits", [True, False])
+def test_idle_step_leaves_the_policy_as_a_plan_without_slots_or_prefills_does(front_waits):
+    """The scheduler calls `idle_step()` instead of planning a step where no slot is free and
+    no running request is in prefill; the policy must end up in the same state either way."""
+    queue = [QueuedRequest("old", 0.0, 6_000, 0), QueuedRequest("hit", 1.0, 6_300, 6_000)]
+    if not front_waits:
+        queue = queue[1:]
+    planned, idle = get("fairway"), get("fairway")
+    for policy in (planned, idle):
+        policy.ledger.record(400, 100, 1_600, 1_000, 2_048)  # a contest with both deficits
+        assert policy.ledger.contest_steps == 1
+    planned.step_share(queue, (), StepBudget(2_048, 0), 5.0)
+    idle.idle_step()
+    assert idle.ledger == planned.ledger and idle.ledger.contest_steps == 0
+    assert idle._pending is planned._pending is None
