@@ -62,7 +62,7 @@ class QueueColumns:
     @property
     def remaining(self) -> np.ndarray:
         """Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64."""
-        return np.maximum(self.prompt_tokens - self.cached_tokens, 1).astype(np.float64)
+        return np.maximum(self.prompt_tokens - self.cached_tokens, 1.0)  # float64
 
     def views(self) -> list[QueuedRequest]:
         """The same queue as `QueuedRequest`s (the path for policies without columns)."""
