@@ -42,6 +42,7 @@ class QueueColumns:
     #: `rows -> their request ids` (read only for the rows a policy asks about).
     ids_source: Callable[[Any], list[str]] = field(repr=False, default=lambda rows: [])
     _ids: list[str] | None = field(default=None, repr=False)
+    _remaining: np.ndarray | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -61,8 +62,12 @@ class QueueColumns:
 
     @property
     def remaining(self) -> np.ndarray:
-        """Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64."""
-        return np.maximum(self.prompt_tokens - self.cached_tokens, 1.0)  # float64
+        """Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64.
+
+        Computed on first use and kept: the columns describe one step and are read-only."""
+        if self._remaining is None:
+            self._remaining = np.maximum(self.prompt_tokens - self.cached_tokens, 1.0)
+        return self._remaining
 
     def views(self) -> list[QueuedRequest]:
         """The same queue as `QueuedRequest`s (the path for policies without columns)."""

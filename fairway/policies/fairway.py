@@ -333,12 +333,21 @@ def _items(
     top = rest[:slots]
     demands = cols.work[top].astype(np.int64).tolist()
     items = [Item("", d, True) for d in demands]
-    others = np.ones(len(queue), dtype=bool)
-    others[top] = False
-    others[lead] = False
-    if others.any():
-        items.append(Item("", int(cols.work[others].max()), True))
+    excluded = np.union1d(top, np.asarray(lead, dtype=np.intp)).astype(np.intp)
+    if len(excluded) < len(queue):
+        items.append(Item("", int(_max_outside(cols.work, excluded)), True))
     return items
+
+
+def _max_outside(values: np.ndarray, excluded: np.ndarray) -> float:
+    """max(values) over the rows not in `excluded` (sorted, unique, fewer than all rows). The
+    largest value usually lies outside the few excluded rows: then no n-sized mask is built."""
+    largest = values.max()
+    if not (values[excluded] == largest).any():
+        return float(largest)
+    others = np.ones(len(values), dtype=bool)
+    others[excluded] = False
+    return float(values[others].max())
 
 
 #: The first prefix `_fast_prefix` tries (grown 4x while too short).

@@ -106,8 +106,13 @@ class FastScore(Policy):
         return self._patience(cols.prompt)
 
     def _scores(self, cols: _Columns, now: float) -> np.ndarray:
-        wait = np.maximum(now - cols.arrival, 0.0)
-        return cols.cached / cols.work + wait / self._wait_unit(cols)
+        # in place where it can: each n-sized temporary is fresh memory every step
+        wait = np.subtract(now, cols.arrival)
+        np.maximum(wait, 0.0, out=wait)
+        wait /= self._wait_unit(cols)
+        scores = np.divide(cols.cached, cols.work)
+        scores += wait
+        return scores
 
     def _fast_lane(self, cols: _Columns, now: float) -> list[int]:
         """Indices by descending Fast score; ties older first, then queue position."""

@@ -544,7 +544,7 @@ class PrefixProbe:
         )
         snap.columns = cols
         if len(slots):
-            work = np.maximum(cols.prompt_tokens - cols.cached_tokens, 1)
+            work = cols.remaining  # kept on the columns: the policy reads it too
             snap.work_max, snap.work_min = int(work.max()), int(work.min())
         return snap
 
