@@ -333,14 +333,14 @@ def _items(
     top = rest[:slots]
     demands = cols.work[top].astype(np.int64).tolist()
     items = [Item("", d, True) for d in demands]
-    excluded = np.union1d(top, np.asarray(lead, dtype=np.intp)).astype(np.intp)
-    if len(excluded) < len(queue):
+    excluded = np.concatenate((top, np.asarray(lead, dtype=np.intp)))  # disjoint: `rest` has
+    if len(excluded) < len(queue):  # no front
         items.append(Item("", int(_max_outside(cols.work, excluded)), True))
     return items
 
 
 def _max_outside(values: np.ndarray, excluded: np.ndarray) -> float:
-    """max(values) over the rows not in `excluded` (sorted, unique, fewer than all rows). The
+    """max(values) over the rows not in `excluded` (distinct, fewer than all rows). The
     largest value usually lies outside the few excluded rows: then no n-sized mask is built."""
     largest = values.max()
     if not (values[excluded] == largest).any():
