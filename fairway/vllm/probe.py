@@ -560,10 +560,11 @@ class PrefixProbe:
         if special:
             parts = [snap.fixed_slots, parts[0], snap.oversized_slots]
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        moved = len(order) if special else _moved_to_front(order)
+        # without fixed or oversized requests, row i is `current[i]`
+        moved = None if special else _moved_to_front(order)
         if moved == 0 or np.array_equal(slots, snap.slots):
             queue = snap.current
-        elif moved <= _MAX_MOVED:  # a few rows moved to the front, the rest kept their order
+        elif moved is not None and moved <= _MAX_MOVED:  # a few rows moved to the front
             queue = _move_to_front(snap.current, order[:moved].tolist())
         else:
             queue = self._request_of[slots].tolist()
