@@ -110,29 +110,25 @@ def timed_classes() -> tuple[type, type]:
 
     from fairway.vllm.scheduler import FairwaySchedulerMixin
 
+    def counted(name: str) -> Any:
+        """`Scheduler.<name>`, its CPU time added to `vllm_cpu_s`."""
+        method = getattr(Scheduler, name)
+
+        def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self.vllm_cpu_s += time.thread_time() - start
+
+        timed.__name__ = name
+        return timed
+
     class TimedScheduler(Scheduler):
         vllm_cpu_s = 0.0
-
-        def schedule(self, *args: Any, **kwargs: Any) -> Any:
-            start = time.thread_time()
-            try:
-                return super().schedule(*args, **kwargs)
-            finally:
-                self.vllm_cpu_s += time.thread_time() - start
-
-        def add_request(self, *args: Any, **kwargs: Any) -> Any:
-            start = time.thread_time()
-            try:
-                return super().add_request(*args, **kwargs)
-            finally:
-                self.vllm_cpu_s += time.thread_time() - start
-
-        def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-            start = time.thread_time()
-            try:
-                return super().update_from_output(*args, **kwargs)
-            finally:
-                self.vllm_cpu_s += time.thread_time() - start
+        schedule = counted("schedule")
+        add_request = counted("add_request")
+        update_from_output = counted("update_from_output")
 
     class TimedFairwayScheduler(FairwaySchedulerMixin, TimedScheduler):
         pass
