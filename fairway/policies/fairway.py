@@ -192,7 +192,7 @@ class FairwayPolicy(FastScore):
         target = min(front.demand, self.ledger.entitlement(floor, p))
         rest_budget = max(0, p - target - sum(budget.ahead))
         extra, held = self._by_score(
-            front, target, queue, cols, scores, rest, prefilling, rest_budget, now
+            front, target, cols, scores, rest, prefilling, rest_budget, now
         )
         target += extra
         running = [item for item in running if item.request_id not in held]
@@ -218,7 +218,6 @@ class FairwayPolicy(FastScore):
         self,
         front: Item,
         target: int,
-        queue: QueueColumns,
         cols: _Columns,
         scores: np.ndarray,
         rest: np.ndarray,
@@ -322,7 +321,7 @@ def _covering(rest: np.ndarray, work: np.ndarray, tokens: int) -> np.ndarray:
 
 
 def _items(
-    queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int, lead: list[int]
+    queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int, lead: np.ndarray | list[int]
 ) -> list[Item]:
     """The first `slots` Fast-lane waiting requests as `Item`s, then one with the largest
     demand of the rest (if any): vLLM's scan can start no more than `slots` of them. Their ids

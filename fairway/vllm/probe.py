@@ -289,10 +289,9 @@ class PrefixProbe:
     in the next-block index per key cached since the last step (growth; every next key is checked
     by one C-level intersection every `FULL_CHECK_EVERY` steps), one C-level difference of the
     distinct chain-tail keys with the hash map (eviction), and Python work only for the requests
-    whose hit changed. A new request
-    costs one lookup: a binary search over its block hashes (~log2(blocks) hash-map reads), valid
-    because the cached blocks of a chain are prefix-closed in that mode. At most `probe_budget` new
-    requests are looked up per step, oldest first.
+    whose hit changed. A new request costs one lookup: a binary search over its block hashes
+    (~log2(blocks) hash-map reads), valid because the cached blocks of a chain are prefix-closed in
+    that mode. At most `probe_budget` new requests are looked up per step, oldest first.
     """
 
     def __init__(

@@ -77,9 +77,8 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
     views: list[PrefillingRequest] = []
     decode_tokens = 0
     for request in scheduler.running:  # vLLM internal: Scheduler.running
-        # vLLM internal: Request.is_prefill_chunk / num_computed_tokens / num_tokens
-        left = request.num_tokens - request.num_computed_tokens
-        if request.is_prefill_chunk and left > 0:
+        if _in_prefill(request):
+            left = request.num_tokens - request.num_computed_tokens  # vLLM internal
             views.append(
                 PrefillingRequest(
                     request.request_id, request.arrival_time, left, request.num_tokens
@@ -97,11 +96,14 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
 
 
 def has_running_prefill(scheduler: Scheduler) -> bool:
-    """Whether a running request is still in prefill (what `running_prefills` would list)."""
-    # vLLM internal: Scheduler.running / Request.is_prefill_chunk / num_computed_tokens
-    return any(
-        r.is_prefill_chunk and r.num_tokens > r.num_computed_tokens for r in scheduler.running
-    )
+    """Whether a running request is still in prefill (one `running_prefills` would list)."""
+    return any(map(_in_prefill, scheduler.running))  # vLLM internal: Scheduler.running
+
+
+def _in_prefill(request: Request) -> bool:
+    """A running request whose prompt is not computed yet (a chunked prefill in progress)."""
+    # vLLM internal: Request.is_prefill_chunk / num_computed_tokens / num_tokens
+    return request.is_prefill_chunk and request.num_tokens > request.num_computed_tokens
 
 
 def step_budget(
