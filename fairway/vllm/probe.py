@@ -342,6 +342,8 @@ class PrefixProbe:
         self._arrivals: list[Request] = []
         self._arrival_slots: list[int] = []
         # Columns by slot.
+        #: Live requests whose kind is not _ORDERED (`snapshot` splits the queue only if any).
+        self._num_special = 0
         self._live = np.zeros(0, dtype=bool)
         self._given = np.zeros(0, dtype=bool)  # handed to the policy at least once
         self._kind = np.zeros(0, dtype=np.int8)
@@ -511,26 +513,30 @@ class PrefixProbe:
         self._check_map()
         current = requests if isinstance(requests, list) else list(requests)
         n = len(current)
-        slots = self._match(current)
-        if slots is None:  # the general path: one dict lookup per request
+        matched = self._match(current)
+        if matched is None:  # the general path: one dict lookup per request
             slots = np.fromiter(map(self._slot_of.get, current, repeat(-1, n)), np.intp, n)
+            unknown = bool(n) and slots.min() < 0
+        else:
+            slots, unknown = matched
         self._arrivals, self._arrival_slots = [], []
-        if n and slots.min() < 0:
+        if unknown:
             for i in np.flatnonzero(slots < 0).tolist():
                 slots[i] = self._register(current[i])
         if len(self._slot_of) > n:  # some requests left without being admitted (aborts)
             self._drop_absent(slots)
         self.advance()
         snap = QueueSnapshot(current=current, slots=slots)
-        kind = self._kind[slots]
         positions = None  # position in `current` of each ordered row (None: row i is at i)
-        if kind.any():
+        if self._num_special:  # else every row is ordered: no split to make
+            kind = self._kind[slots]
             snap.fixed = [current[i] for i in np.flatnonzero(kind == _FIXED).tolist()]
             snap.fixed_slots = slots[kind == _FIXED]
             snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
             snap.oversized_slots = slots[kind == _OVERSIZED]
-            positions = np.flatnonzero(kind == _ORDERED)
-            slots = slots[positions]
+            if len(snap.fixed_slots) or len(snap.oversized_slots):
+                positions = np.flatnonzero(kind == _ORDERED)
+                slots = slots[positions]
         snap.ordered_slots = slots
         cols = QueueColumns(
             arrival=self._arrival[slots],
@@ -570,9 +576,10 @@ class PrefixProbe:
         self._last_queue, self._last_slots = queue, slots
         return queue
 
-    def _match(self, current: list[Request]) -> np.ndarray | None:
+    def _match(self, current: list[Request]) -> tuple[np.ndarray, bool] | None:
         """Rows of `current` if it is the last arranged queue with its head consumed, a few
-        requests put back at the head (skipped, preempted) and the noted arrivals at the end."""
+        requests put back at the head (skipped, preempted) and the noted arrivals at the end;
+        and whether a row is -1 (a request at the head the probe has not registered)."""
         last = self._last_queue
         if last is None:
             return None
@@ -592,12 +599,13 @@ class PrefixProbe:
             if current[head:] != (last[start:] + arrivals if split < 0 else arrivals[split:]):
                 continue  # identity-first list comparison: one C loop
             slot_get = self._slot_of.get
+            heads = [slot_get(r, -1) for r in current[:head]]
             parts = [
-                np.fromiter((slot_get(r, -1) for r in current[:head]), np.intp, head),
+                np.array(heads, dtype=np.intp),
                 self._last_slots[min(start, len(last)) :],
-                np.asarray(self._arrival_slots[max(split, 0) :], dtype=np.intp),
+                np.array(self._arrival_slots[max(split, 0) :], dtype=np.intp),
             ]
-            return np.concatenate(parts)
+            return np.concatenate(parts), -1 in heads
         return None
 
     def oldest_arrival(self) -> float:
@@ -734,11 +742,13 @@ class PrefixProbe:
         self._cached[slot] = 0
         if num_tokens > self.max_tokens:
             self._kind[slot] = _OVERSIZED
+            self._num_special += 1
             hit.probed = True  # never looked up: it cannot be admitted anyway
             return slot
         # vLLM internal: Request.status / RequestStatus.PREEMPTED
         preempted = self.keep_preempted_first and request.status == RequestStatus.PREEMPTED
         self._kind[slot] = _FIXED if preempted else _ORDERED
+        self._num_special += preempted
         pending = self._pending
         if pending and self._pending_sorted and arrival < pending[-1].arrival:
             self._pending_sorted = False
@@ -759,6 +769,8 @@ class PrefixProbe:
     def _release(self, hit: _Hit) -> None:
         slot = hit.slot
         del self._slot_of[hit.request]
+        if self._kind[slot] != _ORDERED:
+            self._num_special -= 1
         self._hits[slot] = None
         self._request_of[slot] = None
         self._live[slot] = False
@@ -841,6 +853,15 @@ def _one_block(entry: Any) -> KVCacheBlock | None:
 # --- the queue view -------------------------------------------------------------------------------
 
 
+_NO_ROWS = np.zeros(0, dtype=np.intp)
+_NO_ROWS.flags.writeable = False
+
+
+def _no_rows() -> np.ndarray:
+    """An empty row array, shared (read-only): a snapshot is built every step."""
+    return _NO_ROWS
+
+
 @dataclass(slots=True)
 class QueueSnapshot:
     """The waiting queue split for one ordering step (every request in exactly one part).
@@ -851,16 +872,16 @@ class QueueSnapshot:
 
     #: The queue in its current order and the probe's row of each request.
     current: list[Request] = field(default_factory=list)
-    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    slots: np.ndarray = field(default_factory=_no_rows)
     #: Preempted requests kept at the head in their current order (vLLM's rule), and their rows.
     fixed: list[Request] = field(default_factory=list)
-    fixed_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    fixed_slots: np.ndarray = field(default_factory=_no_rows)
     #: Rows the policy orders; row i of `columns` is `ordered_slots[i]`.
-    ordered_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    ordered_slots: np.ndarray = field(default_factory=_no_rows)
     columns: QueueColumns | None = None
     #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their rows.
     oversized: list[Request] = field(default_factory=list)
-    oversized_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    oversized_slots: np.ndarray = field(default_factory=_no_rows)
     #: Largest / smallest uncached work among the ordered requests (tokens; 0 when none).
     work_max: int = 0
     work_min: int = 0

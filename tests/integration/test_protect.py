@@ -128,3 +128,23 @@ def test_protection_equals_the_naive_reverse_priority_moves():
         assert [b.block_id for b in ours.get_all_free_blocks()] == [
             b.block_id for b in naive.get_all_free_blocks()
         ]
+
+
+def test_the_queue_is_split_only_while_a_request_is_set_apart(offline, helpers):
+    """An oversized request is kept last while it waits; once it is gone, every waiting request
+    is ordered again (the probe's count of set-apart requests returns to 0)."""
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=40, max_num_batched_tokens=64, max_num_seqs=1
+    )
+    sched.add_request(offline.make_request("huge", helpers.tokens(1, 700), 1.0))
+    sched.add_request(offline.make_request("a", helpers.tokens(2_000, 50), 2.0))
+    sched.add_request(offline.make_request("b", helpers.tokens(3_000, 50), 3.0))
+    probe = sched.fairway_probe
+    offline.step(sched)  # "a" starts; "huge" is finished with an error by the next update
+    assert "huge" not in sched.requests
+    snap = probe.snapshot(list(sched.waiting))  # drops the memo of the request that left
+    assert probe._num_special == 0
+    assert [r.request_id for r in snap.current] == ["b"]
+    assert not snap.oversized and not snap.fixed and len(snap.ordered_slots) == 1
+    offline.run_until_idle(sched)
+    assert not sched.requests
