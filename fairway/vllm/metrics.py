@@ -86,13 +86,23 @@ class FairwayStats:
     def take(self) -> FairwayStats:
         """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
         taken = FairwayStats(**{name: getattr(self, name) for name in _STATS_FIELDS})
-        self.steps_ordered = self.policy_fallbacks = 0
-        self.oversized_rejected = self.protected_blocks = 0
-        self.placed = dict.fromkeys(LANES, 0)
+        self.placed = dict.fromkeys(LANES, 0)  # `taken` keeps the old containers
         self.lane_prefill_tokens = dict.fromkeys(SHARE_LANES, 0)
         self.prepass_s = []
-        self.oldest_waiting_age_s = None
+        self.reset()
         return taken
+
+    def reset(self) -> None:
+        """Zero the counts since the last take, in place (every step: no new objects)."""
+        self.steps_ordered = self.policy_fallbacks = 0
+        self.oversized_rejected = self.protected_blocks = 0
+        placed, lane_tokens = self.placed, self.lane_prefill_tokens
+        for lane in placed:
+            placed[lane] = 0
+        for lane in lane_tokens:
+            lane_tokens[lane] = 0
+        self.prepass_s.clear()
+        self.oldest_waiting_age_s = None
 
     def add(self, other: FairwayStats) -> None:
         """Accumulate `other` into this object (running totals for tests and the replay)."""

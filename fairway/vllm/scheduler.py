@@ -398,10 +398,10 @@ class FairwaySchedulerMixin:
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc, "finishing the step", "the step's output is unchanged")
         if self.fairway_metrics is not None or self._fairway_prepass_ran:
-            taken = stats.take()
-            self.fairway_totals.add(taken)
             if self.fairway_metrics is not None:
-                self.fairway_metrics.record(taken)
+                self.fairway_metrics.record(stats)
+            self.fairway_totals.add(stats)
+            stats.reset()
 
     def _fairway_admitted(self, output: SchedulerOutput, placed: _Placed) -> list[Request]:
         """Requests admitted from our order, in admission order; counts them by lane.

@@ -98,6 +98,16 @@ def test_stats_get_and_reset():
     totals.add(taken)
     totals.add(taken)
     assert totals.steps_ordered == 4 and totals.prepass_count == 2 and totals.prepass_s == []
+    # reset(): the scheduler's per-step path, in place; what `taken` holds is not touched
+    stats.steps_ordered, stats.oldest_waiting_age_s = 3, 1.5
+    stats.lane_prefill_tokens["fast"] += 7
+    stats.prepass_s.append(0.25)
+    placed = stats.placed
+    stats.reset()
+    assert stats.steps_ordered == 0 and stats.oldest_waiting_age_s is None
+    assert stats.lane_prefill_tokens["fast"] == 0 and stats.prepass_s == []
+    assert stats.placed is placed and set(placed.values()) == {0}
+    assert taken.prepass_s == [0.5] and taken.placed["fair"] == 1
 
 
 def test_prepare_server_env(tmp_path):
