@@ -77,12 +77,13 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
     views: list[PrefillingRequest] = []
     decode_tokens = 0
     for request in scheduler.running:  # vLLM internal: Scheduler.running
-        if _in_prefill(request):
-            left = request.num_tokens - request.num_computed_tokens  # vLLM internal
+        # `_in_prefill`, inlined: this loop runs over every running request each step
+        # vLLM internal: Request.is_prefill_chunk / num_tokens / num_computed_tokens
+        if request.is_prefill_chunk and (total := request.num_tokens) > (
+            done := request.num_computed_tokens
+        ):
             views.append(
-                PrefillingRequest(
-                    request.request_id, request.arrival_time, left, request.num_tokens
-                )
+                PrefillingRequest(request.request_id, request.arrival_time, total - done, total)
             )
         else:
             # vLLM internal: Request.num_tokens_with_spec / num_output_placeholders
@@ -169,11 +170,13 @@ def apply(scheduler: Scheduler, share: StepShare) -> ShareUndo:
     if share.cap is None or share.front_id is None:
         return undo
     running = scheduler.running  # vLLM internal: Scheduler.running
-    undo.running = list(running)
+    reorder = bool(share.running_first) or _front_is_running(running, share.front_id)
+    if reorder or share.hold:  # the list's own order, to put back
+        undo.running = list(running)
     try:
         config.long_prefill_token_threshold = share.cap
         scheduler.adaptive_long_prefill_threshold = False
-        if share.running_first or _front_is_running(running, share.front_id):
+        if reorder:
             undo.reordered = _reorder_running(running, share)
         if share.hold:
             undo.held = [r for r in running if r.request_id in share.hold]
@@ -191,8 +194,10 @@ def _front_is_running(running: list[Request], front_id: str) -> bool:
 
 def _reorder_running(running: list[Request], share: StepShare) -> bool:
     """Serve `running_first`, then O, then the other prefills, in the prefills' own positions."""
-    first = {rid: k for k, rid in enumerate(share.running_first)}
     slots = [k for k, r in enumerate(running) if r.is_prefill_chunk]  # vLLM internal
+    if not share.running_first and (not slots or running[slots[0]].request_id == share.front_id):
+        return False  # O already leads the prefills (the usual step), or none: nothing to move
+    first = {rid: k for k, rid in enumerate(share.running_first)}
     prefills = [running[k] for k in slots]
     front = [r for r in prefills if r.request_id == share.front_id]
     head = sorted((r for r in prefills if r.request_id in first), key=lambda r: first[r.request_id])
