@@ -10,7 +10,8 @@ requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-
   * "admit" / "busy" steps: a prefill node: free slots, 2,048-token steps, max_tokens 1; each
     step that admits requests is an "admit" sample, each step whose token budget went to running
     chunks is a "busy" sample; after every step as many new requests arrive as were admitted, so
-    the queue stays at N (each arm has its own copies, as admission mutates a request);
+    the queue stays at N (each arm has its own copies, as admission mutates a request); the
+    arms' nodes also take turns in `--rounds` blocks of steps;
   * "burst": N requests arrive at once on an idle prefill node (a fresh scheduler each time,
     `--bursts` times): their `add_request` calls plus the next step; every request is new to
     Fairway's prefix probe.
@@ -315,39 +316,69 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
     return [_result(arm, "full", work.num_waiting, samples[arm]) for arm in arms]
 
 
-def prefill_steps(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult]:
-    """A prefill node: steps that admit ("admit") and steps whose budget is taken ("busy")."""
-    offline = work.offline
-    sched = work.scheduler(arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False)
-    templates = work.templates
-    offline.add_requests(
-        sched, [work.copy(t, f"{arm}-{k}") for k, t in enumerate(templates[: work.num_waiting])]
-    )
-    next_k = work.num_waiting
-    admit: list[Sample] = []
-    busy: list[Sample] = []
-    step_no = 0
-    while step_no < args.warmup + args.steps:
-        sample = _timed_step(offline, sched)
-        if step_no < args.warmup and _unprobed(sched):
-            step_no = 0  # warm up until the probe has seen every waiting request
+class PrefillNode:
+    """One arm's prefill node: free slots, 2,048-token steps, max_tokens 1; the queue kept at N.
+
+    Each step that admits requests is an "admit" sample, each step whose token budget went to
+    running chunks a "busy" sample; after every step as many new requests arrive as were admitted
+    (each arm has its own copies, as admission mutates a request). The arms' nodes take turns in
+    blocks of steps (`run`), like the full steps, so that a slow spell of a shared machine hits
+    every arm alike.
+    """
+
+    def __init__(self, work: Workload, arm: str, args: argparse.Namespace) -> None:
+        self.work, self.arm = work, arm
+        self.sched = work.scheduler(
+            arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False
+        )
+        templates = work.templates[: work.num_waiting]
+        work.offline.add_requests(
+            self.sched, [work.copy(t, f"{arm}-{k}") for k, t in enumerate(templates)]
+        )
+        self.next_k = work.num_waiting
+        self.admit: list[Sample] = []
+        self.busy: list[Sample] = []
+        warm = 0
+        while warm < args.warmup:  # untimed, until the probe has seen every waiting request
+            self._step()
+            warm = 0 if _unprobed(self.sched) else warm + 1
+
+    def _step(self) -> Sample:
+        """One timed step, then the arrivals that keep the queue at N (their add_request timed)."""
+        work = self.work
+        sample = _timed_step(work.offline, self.sched)
         arrivals = []
-        for _ in range(sample.admitted):  # as many arrive as were admitted: the queue stays at N
-            template = templates[next_k % len(templates)]
-            arrivals.append(work.copy(template, f"{arm}-{next_k}", time.time()))
-            next_k += 1
-        sample = sample.plus(*_timed_add(offline, sched, arrivals))  # Fairway registers them
-        if step_no >= args.warmup:
-            (admit if sample.admitted else busy).append(sample)
-        step_no += 1
-    if arm != "vllm":
-        assert sched.fairway_totals.policy_fallbacks == 0
-    results = []
-    if admit:
-        results.append(_result(arm, "admit", work.num_waiting, admit))
-    if busy:
-        results.append(_result(arm, "busy", work.num_waiting, busy))
-    return results
+        for _ in range(sample.admitted):
+            template = work.templates[self.next_k % len(work.templates)]
+            arrivals.append(work.copy(template, f"{self.arm}-{self.next_k}", time.time()))
+            self.next_k += 1
+        return sample.plus(*_timed_add(work.offline, self.sched, arrivals))  # Fairway registers
+
+    def run(self, steps: int) -> None:
+        """`steps` measured steps."""
+        for _ in range(steps):
+            sample = self._step()
+            (self.admit if sample.admitted else self.busy).append(sample)
+
+    def results(self) -> list[ArmResult]:
+        if self.arm != "vllm":
+            assert self.sched.fairway_totals.policy_fallbacks == 0
+        n = self.work.num_waiting
+        results = []
+        if self.admit:
+            results.append(_result(self.arm, "admit", n, self.admit))
+        if self.busy:
+            results.append(_result(self.arm, "busy", n, self.busy))
+        return results
+
+
+def prefill_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> list[ArmResult]:
+    """Every arm's prefill node, the arms taking turns in `--rounds` blocks of steps."""
+    nodes = [PrefillNode(work, arm, args) for arm in arms]
+    for _ in range(args.rounds):
+        for node in nodes:
+            node.run(args.steps // args.rounds)
+    return [result for node in nodes for result in node.results()]
 
 
 def bursts(work: Workload, arm: str, args: argparse.Namespace) -> list[ArmResult]:
@@ -401,12 +432,13 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
         if "full" in args.kinds:
             print(f"measuring {n}: full steps", file=sys.stderr, flush=True)
             results += full_steps(work, arms, args)
-        for arm in arms:
-            print(f"measuring {n}: {arm} prefill steps and bursts", file=sys.stderr, flush=True)
-            if {"admit", "busy"} & set(args.kinds):
-                results += prefill_steps(work, arm, args)
-                gc.collect()
-            if "burst" in args.kinds:
+        if {"admit", "busy"} & set(args.kinds):
+            print(f"measuring {n}: prefill steps", file=sys.stderr, flush=True)
+            results += prefill_steps(work, arms, args)
+            gc.collect()
+        if "burst" in args.kinds:
+            for arm in arms:
+                print(f"measuring {n}: {arm} bursts", file=sys.stderr, flush=True)
                 results += bursts(work, arm, args)
                 gc.collect()
     finally:
@@ -467,9 +499,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="what to measure"
     )
-    parser.add_argument("--steps", type=int, default=40, help="measured steps per arm and kind")
+    parser.add_argument(
+        "--steps", type=int, default=120, help="measured steps per arm (prefill: admit + busy)"
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed prefill steps first")
-    parser.add_argument("--rounds", type=int, default=4, help="turns each arm takes (full steps)")
+    parser.add_argument("--rounds", type=int, default=4, help="turns each arm takes in a kind")
     parser.add_argument("--bursts", type=int, default=3, help="bursts per arm and size")
     parser.add_argument("--running", type=int, default=16, help="max_num_seqs")
     parser.add_argument("--prefixes", type=int, default=40, help="shared cached prefixes")
