@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import count
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -242,23 +243,29 @@ class FairwayPolicy(FastScore):
             (-s, a, i, None, int(w), False)
             for i, (s, a, w) in enumerate(zip(scores, arrival, lane.work[:covered], strict=True))
         ]
-        tie = len(entries)
-        for p, score in zip(prefilling, self._prefill_scores(prefilling, now), strict=True):
-            demand = p.remaining - (target if p.request_id == front_id else 0)
-            entries.append((-score, p.arrival, tie, p.request_id, demand, True))
-            tie += 1
+        entries += [
+            (-score, p.arrival, tie, p.request_id, p.remaining, True)
+            for tie, p, score in zip(
+                count(covered), prefilling, self._prefill_scores(prefilling, now), strict=False
+            )
+        ]
         if front_row is not None:
             score, arrival_o = lane.scores.item(front_row), lane.cols.arrival.item(front_row)
-            entries.append((-score, arrival_o, tie, front_id, front_demand - target, False))
+            entries.append((-score, arrival_o, len(entries), front_id, front_demand, False))
         entries.sort()
-        extra, held = 0, set()
-        for _, _, _, request_id, demand, running in entries:
+        extra, held = 0, []
+        for i, (_, _, _, request_id, demand, running) in enumerate(entries):
+            if request_id == front_id:  # O's demand beyond its target
+                demand -= target
             given = 0 if demand < 0 else demand if demand < tokens else tokens
             tokens -= given
             if request_id == front_id:
                 extra = given
             elif running and given == 0:
-                held.add(request_id)
+                held.append(request_id)
+            if tokens == 0:  # the others get nothing: the running ones but O are held back
+                held += [e[3] for e in entries[i + 1 :] if e[5] and e[3] != front_id]
+                break
         return extra, frozenset(held)
 
     def _prefill_scores(self, prefilling: Sequence[PrefillingRequest], now: float) -> list[float]:
@@ -345,10 +352,10 @@ def _covering(work: list[float], tokens: int) -> int:
     """The length of the shortest prefix of the lane whose `work` covers `tokens` (the tokens
     run out within it; all of `work` if it never does)."""
     covered = 0.0
-    for count, amount in enumerate(work, 1):
+    for length, amount in enumerate(work, 1):
         covered += amount
         if covered >= tokens:
-            return count
+            return length
     return len(work)
 
 
