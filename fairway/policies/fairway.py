@@ -7,9 +7,10 @@ Must not import vllm. Registered as `fairway`. The seed's per-step rule is `fair
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from itertools import count
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -22,8 +23,8 @@ from fairway.policies.base import (
     register_policy,
 )
 from fairway.policies.columns import QueueColumns
-from fairway.policies.fairway_step import FastScore, _Columns, _lane_head
-from fairway.policies.share import Item, ShareLedger, demand_served, plan_step
+from fairway.policies.fairway_step import FastScore, _by_lane_keys, _Columns, _lane_top
+from fairway.policies.share import NO_CAP, ShareLedger, _plan
 
 
 @dataclass(slots=True)
@@ -34,6 +35,25 @@ class _Pending:
     owed_fair: int
     owed_fast: int
     budget: int
+
+
+class _Front(NamedTuple):
+    """O, the Fair lane's front: a running prefill (`row` None) or the waiting request in `row`."""
+
+    request_id: str
+    demand: int  # its remaining uncached prompt tokens
+    row: int | None
+
+
+@dataclass(slots=True)
+class _Lane:
+    """One step's Fast lane as the split reads it (`_fast_prefix`): the queue's columns and
+    scores, the lane's first entries but the front (`rest`) and their work as floats."""
+
+    cols: _Columns
+    scores: np.ndarray
+    rest: np.ndarray
+    work: list[float]
 
 
 @register_policy("fairway")
@@ -118,44 +138,34 @@ class FairwayPolicy(FastScore):
         front_wait, front_run = _front(queue, prefilling)
         scan = budget.scan if budget is not None else None
         scores = self._scores(cols, now) if n else np.zeros(0)
-        fast = _fast_prefix(cols, -scores, front_wait, budget, n if scan is None else scan)
-        rest = fast[fast != front_wait] if front_wait is not None else fast
-        lead = np.array([] if front_wait is None else [front_wait], dtype=np.intp)
-        if len(fast) == n:  # the whole lane: the order the policy defines
-            share = StepShare(np.concatenate((lead, rest)))
-        else:  # the head vLLM's scan can reach exactly, the others in row order (`order_head`)
-            placed = np.zeros(n, dtype=bool)
-            placed[rest] = True
-            placed[lead] = True
-            share = StepShare(np.concatenate((lead, rest, np.flatnonzero(~placed))))
+        rest, others, work = _fast_prefix(
+            cols, scores, front_wait, budget, n if scan is None else scan
+        )
+        # O (if it waits), the lane's prefix, the other rows in row order (`order_head`)
+        parts = (rest, others) if front_wait is None else ([front_wait], rest, others)
+        order = np.concatenate(parts)
         self._pending = None
-        if front_run is not None:
-            front = Item(prefilling[front_run].request_id, prefilling[front_run].remaining, False)
-        elif front_wait is not None:
-            front_id = queue.ids_of([front_wait])[0]
-            front = Item(front_id, int(cols.work[front_wait]), True)
+        share = None
+        if budget is not None and front_run is not None:
+            o = prefilling[front_run]
+            front = _Front(o.request_id, o.remaining, None)
+        elif budget is not None and front_wait is not None:
+            front = _Front(queue.ids_of([front_wait])[0], int(cols.work[front_wait]), front_wait)
         else:
             front = None
         if budget is not None and front is not None:
-            share = self._split(share, front, queue, cols, scores, rest, prefilling, budget, now)
-        lanes = ["fast"] * (len(lead) + len(rest)) + [UNPLACED_LANE] * (n - len(lead) - len(rest))
-        if front_wait is not None and share.front_id == front.request_id:  # type: ignore[union-attr]
-            if share.waiting_order[0] == front_wait:
-                lanes[0] = "fair"
-            else:  # moved behind everyone (`_split`): the rotation moves the labels with it
-                lanes = lanes[1:] + ["fair"]
-        self.last_lanes = lanes
-        self.last_share = share
+            share = self._split(
+                order, front, _Lane(cols, scores, rest, work), prefilling, budget, now
+            )
+        self.last_lanes = _lanes(n, len(rest) + (front_wait is not None), front_wait, share)
+        self.last_share = share = share or StepShare(order)
         return share
 
     def _split(
         self,
-        share: StepShare,
-        front: Item,
-        queue: QueueColumns,
-        cols: _Columns,
-        scores: np.ndarray,
-        rest: np.ndarray,
+        order: np.ndarray,
+        front: _Front,
+        lane: _Lane,
         prefilling: Sequence[PrefillingRequest],
         budget: StepBudget,
         now: float,
@@ -163,64 +173,55 @@ class FairwayPolicy(FastScore):
         """The contested step's plan; an uncontested step resets the ledgers.
 
         Only the first `free_slots` Fast-lane waiting requests can start this step (vLLM's scan
-        stops at the slot limit), so only they become `Item`s; one more item after them carries
-        the largest demand of the others (never granted: the slots are gone by then; it keeps
-        the caps' search ranges as with the whole queue).
+        stops at the slot limit), so only their demands go into the plan (`_plan`, over plain
+        ints); the largest demand of the others (never granted: the slots are gone by then) is
+        computed only if the plan asks for it (it keeps the water level's fallback as with the
+        whole queue).
         """
-        lead = share.waiting_order[:1] if front.waiting else []  # the front's row
-        waiting = _items(queue, cols, rest, max(0, budget.free_slots), lead)
-        running = [
-            Item(p.request_id, p.remaining, False)
-            for p in prefilling
-            if p.request_id != front.request_id
-        ]
-        ahead = [Item(i, d, True) for i, d in zip(budget.ahead_ids, budget.ahead, strict=True)]
+        front_id, front_demand, front_row = front
+        free = budget.free_slots
+        waiting, unreached = _step_head(lane.work, free, lane.rest, lane.cols.work, front_row)
+        fast = [request for request in prefilling if request.request_id != front_id]
+        ahead = list(budget.ahead)
         p = max(0, budget.tokens)
-        slots = budget.free_slots - (1 if front.waiting else 0)
-        fast_demand = demand_served([*running, *ahead, *waiting], max(0, slots))
+        slots = max(0, free - (0 if front_row is None else 1))
+        reached = (ahead + waiting)[:slots]
+        fast_demand = min(NO_CAP, sum([request.remaining for request in fast]) + sum(reached))
         floor = math.floor(p / (1.0 + self.fast_weight))
-        base = StepShare(
-            share.waiting_order,
-            front.request_id,
-            budget=p,
-            floor=floor,
-            front_demand=front.demand,
-        )
-        if fast_demand == 0 or front.demand + fast_demand <= p or p == 0:
+        if fast_demand == 0 or front_demand + fast_demand <= p or p == 0:
             self.ledger.reset()
-            return base
-        target = min(front.demand, self.ledger.entitlement(floor, p))
-        rest_budget = max(0, p - target - sum(budget.ahead))
-        extra, held = self._by_score(
-            front, target, cols, scores, rest, prefilling, rest_budget, now
-        )
+            return StepShare(order, front_id, budget=p, floor=floor, front_demand=front_demand)
+        target = min(front_demand, self.ledger.entitlement(floor, p))
+        rest_budget = max(0, p - target - sum(ahead))
+        extra, held = self._by_score(front, target, lane, prefilling, rest_budget, now)
         target += extra
-        running = [item for item in running if item.request_id not in held]
-        plan = plan_step(front, running, ahead, waiting, p, budget.free_slots, target)
-        owed_fair = min(front.demand, floor)
-        self._pending = _Pending(front.request_id, owed_fair, min(fast_demand, p - target), p)
-        order = share.waiting_order
-        if front.waiting and not plan.front_first:
+        if held:
+            fast = [request for request in fast if request.request_id not in held]
+        running = [request.remaining for request in fast]
+        plan = _plan(
+            front_demand, front_row is not None, running, ahead, waiting, p, free, target, unreached
+        )
+        owed_fair, owed_fast = min(front_demand, floor), min(fast_demand, p - target)
+        self._pending = _Pending(front_id, owed_fair, owed_fast, p)
+        if front_row is not None and not plan.front_first:
             order = np.concatenate((order[1:], order[:1]))
         return StepShare(
             order,
-            front.request_id,
+            front_id,
             cap=min(plan.cap, p),
-            running_first=plan.running_first,
-            hold=plan.hold | held,
+            running_first=tuple(request.request_id for request in fast[: plan.first]),
+            hold=frozenset(r.request_id for r in fast[len(fast) - plan.hold :]) | held,
             budget=p,
             floor=floor,
             target=target,
-            front_demand=front.demand,
+            front_demand=front_demand,
         )
 
     def _by_score(
         self,
-        front: Item,
+        front: _Front,
         target: int,
-        cols: _Columns,
-        scores: np.ndarray,
-        rest: np.ndarray,
+        lane: _Lane,
         prefilling: Sequence[PrefillingRequest],
         tokens: int,
         now: float,
@@ -232,42 +233,59 @@ class FairwayPolicy(FastScore):
         The tokens run out within the shortest prefix of the Fast lane (`rest`, already in this
         order) whose demand covers them, so only that prefix can matter; the others are left out.
         """
-        run_scores = self._scores(_running_columns(prefilling), now).tolist() if prefilling else []
-        top = _covering(rest, cols.work, tokens)
-        # (score, arrival, id, demand, running?); a waiting request's id is never read (None)
-        entries: list[tuple[float, float, str | None, int, bool]] = [
-            (s, a, None, int(w), False)
-            for s, a, w in zip(
-                scores[top].tolist(),
-                cols.arrival[top].tolist(),
-                cols.work[top].tolist(),
-                strict=True,
+        front_id, front_demand, front_row = front
+        covered = _covering(lane.work, tokens)
+        scores, arrival = _score_rows(lane, lane.rest[:covered])
+        # (-score, arrival, tie, id, demand, running?), sorted as tuples: by score descending,
+        # then arrival, then `tie` (insertion order, unique: a stable sort, and the rest of the
+        # tuple is never compared); a waiting request's id is never read (None)
+        entries = [
+            (-s, a, i, None, int(w), False)
+            for i, (s, a, w) in enumerate(zip(scores, arrival, lane.work[:covered], strict=True))
+        ]
+        entries += [
+            (-score, p.arrival, tie, p.request_id, p.remaining, True)
+            for tie, p, score in zip(
+                count(covered), prefilling, self._prefill_scores(prefilling, now), strict=False
             )
         ]
-        for j, p in enumerate(prefilling):
-            demand = p.remaining - (target if p.request_id == front.request_id else 0)
-            entries.append((run_scores[j], p.arrival, p.request_id, demand, True))
-        if front.waiting:
-            i = int(np.argmin(cols.arrival))  # the front is the oldest waiting request
-            entries.append(
-                (
-                    float(scores[i]),
-                    float(cols.arrival[i]),
-                    front.request_id,
-                    front.demand - target,
-                    False,
-                )
-            )
-        entries.sort(key=lambda q: (-q[0], q[1]))
-        extra, held = 0, set()
-        for _, _, request_id, demand, running in entries:
-            given = min(max(0, demand), tokens)
+        if front_row is not None:
+            score, arrival_o = lane.scores.item(front_row), lane.cols.arrival.item(front_row)
+            entries.append((-score, arrival_o, len(entries), front_id, front_demand, False))
+        entries.sort()
+        extra, held = 0, []
+        for i, (_, _, _, request_id, demand, running) in enumerate(entries):
+            if request_id == front_id:  # O's demand beyond its target
+                demand -= target
+            given = 0 if demand < 0 else demand if demand < tokens else tokens
             tokens -= given
-            if request_id == front.request_id:
+            if request_id == front_id:
                 extra = given
             elif running and given == 0:
-                held.add(request_id)
+                held.append(request_id)
+            if tokens == 0:  # the others get nothing: the running ones but O are held back
+                held += [e[3] for e in entries[i + 1 :] if e[5] and e[3] != front_id]
+                break
         return extra, frozenset(held)
+
+    def _prefill_scores(self, prefilling: Sequence[PrefillingRequest], now: float) -> list[float]:
+        """The running prefills' Fast scores, the tokens already computed playing the cached part:
+        what `_scores` gives for their columns, in scalar math (a handful of requests: numpy's
+        per-call cost would dominate; float64 operations give numpy's elementwise results
+        bit for bit). T(L) for the SLO still comes from the profile's array form, in one call."""
+        if not prefilling:
+            return []
+        if self.profile is None:
+            units = [self.patience_floor_s] * len(prefilling)
+        else:
+            prompts = np.array([p.prompt_tokens for p in prefilling], dtype=np.float64)
+            units = self._patience(prompts).tolist()
+        scores = []
+        for p, unit in zip(prefilling, units, strict=True):  # max() as conditionals: cheaper
+            remaining, wait = p.remaining, now - p.arrival
+            computed = (p.prompt_tokens - remaining) / (1.0 if remaining < 1.0 else remaining)
+            scores.append(computed + (0.0 if wait < 0.0 else wait) / unit)
+        return scores
 
     def idle_step(self) -> None:
         """No prefill can run this step: not contested, as `step_share` would find (no Fast
@@ -295,47 +313,74 @@ def _front(
     waiting: QueueColumns, prefilling: Sequence[PrefillingRequest]
 ) -> tuple[int | None, int | None]:
     """O: (index in `waiting`, None) or (None, index in `prefilling`); both None: no request."""
-    best_wait = int(np.argmin(waiting.arrival)) if len(waiting) else None  # first of equals
-    best_run = min(range(len(prefilling)), key=lambda j: prefilling[j].arrival, default=None)
+    best_wait = int(waiting.arrival.argmin()) if len(waiting) else None  # first of equals
+    arrivals = [p.arrival for p in prefilling]
+    best_run = arrivals.index(min(arrivals)) if arrivals else None  # first of equals
     if best_run is not None and (
-        best_wait is None or prefilling[best_run].arrival <= waiting.arrival[best_wait]
+        best_wait is None or arrivals[best_run] <= waiting.arrival.item(best_wait)
     ):
         return None, best_run
     return best_wait, None
 
 
-def _running_columns(prefilling: Sequence[PrefillingRequest]) -> _Columns:
-    """Running prefills as score columns: the tokens already computed play the cached part
-    (the same values `_Columns.of` gives for their `QueuedRequest` views)."""
-    k = len(prefilling)
-    arrival = np.fromiter((p.arrival for p in prefilling), np.float64, k)
-    prompt = np.fromiter((p.prompt_tokens for p in prefilling), np.float64, k)
-    remaining = np.fromiter((p.remaining for p in prefilling), np.float64, k)
-    return _Columns(arrival, prompt, prompt - remaining, np.maximum(remaining, 1.0))
+def _lanes(n: int, placed: int, front: int | None, share: StepShare | None) -> list[str]:
+    """Lane labels of the waiting order's positions: the `placed` head "fast", the other rows
+    `UNPLACED_LANE`; O, when it waits and the step is split, "fair" wherever `_split` put it
+    (first, or moved behind everyone: the rotation moves the labels with it)."""
+    lanes = ["fast"] * placed
+    lanes += [UNPLACED_LANE] * (n - placed)
+    if front is not None and share is not None:
+        if share.waiting_order[0] == front:
+            lanes[0] = "fair"
+        else:
+            del lanes[0]
+            lanes.append("fair")
+    return lanes
 
 
-def _covering(rest: np.ndarray, work: np.ndarray, tokens: int) -> np.ndarray:
-    """The shortest prefix of `rest` whose work covers `tokens` (the tokens run out within it)."""
-    covered = np.searchsorted(np.cumsum(work[rest]), max(0, tokens))
-    return rest[: int(covered) + 1]
+def _score_rows(lane: _Lane, rows: np.ndarray) -> tuple[list[float], list[float]]:
+    """The scores and arrivals of these rows: element by element for the few rows a step's
+    tokens usually cover (each numpy call costs more than a handful of `item`s), else gathered."""
+    if len(rows) > 8:
+        return lane.scores[rows].tolist(), lane.cols.arrival[rows].tolist()
+    scores, arrival = lane.scores.item, lane.cols.arrival.item
+    indices = rows.tolist()
+    return [scores(i) for i in indices], [arrival(i) for i in indices]
 
 
-def _items(
-    queue: QueueColumns, cols: _Columns, rest: np.ndarray, slots: int, lead: np.ndarray | list[int]
-) -> list[Item]:
-    """The first `slots` Fast-lane waiting requests as `Item`s, then one with the largest
-    demand of the rest (if any): vLLM's scan can start no more than `slots` of them. Their ids
-    are left empty: a plan names only running requests (`running_first`, `hold`).
+def _covering(work: list[float], tokens: int) -> int:
+    """The length of the shortest prefix of the lane whose `work` covers `tokens` (the tokens
+    run out within it; all of `work` if it never does)."""
+    covered = 0.0
+    for length, amount in enumerate(work, 1):
+        covered += amount
+        if covered >= tokens:
+            return length
+    return len(work)
 
-    `rest` may be a prefix of the lane (at least `slots` long unless it is all of it); the
-    largest demand is taken over every row but the first `slots` and the front (`lead`)."""
-    top = rest[:slots]
-    demands = cols.work[top].astype(np.int64).tolist()
-    items = [Item("", d, True) for d in demands]
-    excluded = np.concatenate((top, np.asarray(lead, dtype=np.intp)))  # disjoint: `rest` has
-    if len(excluded) < len(queue):  # no front
-        items.append(Item("", int(_max_outside(cols.work, excluded)), True))
-    return items
+
+def _step_head(
+    work: list[float], free: int, rest: np.ndarray, all_work: np.ndarray, front: int | None
+) -> tuple[list[int], Callable[[], int]]:
+    """The demands of the first `free` Fast-lane waiting requests (`work` is the lane's, from
+    `_fast_prefix`): vLLM's scan can start no more than `free` of them; and the largest demand
+    of every other row but the front, asked for lazily (`_largest_past`)."""
+    head = max(0, free)
+    return list(map(int, work[:head])), _largest_past(all_work, rest[:head], front)
+
+
+def _largest_past(work: np.ndarray, head: np.ndarray, front: int | None) -> Callable[[], int]:
+    """The largest work of the rows outside `head` and the front (0 if none), computed on the
+    first call only: the plan rarely needs it, and it is an O(n) pass."""
+    memo: list[int] = []
+
+    def largest() -> int:
+        if not memo:
+            excluded = head if front is None else np.append(head, front)  # distinct rows
+            memo.append(int(_max_outside(work, excluded)) if len(excluded) < len(work) else 0)
+        return memo[0]
+
+    return largest
 
 
 def _max_outside(values: np.ndarray, excluded: np.ndarray) -> float:
@@ -355,29 +400,62 @@ _MIN_PREFIX = 64
 
 def _fast_prefix(
     cols: _Columns,
-    neg: np.ndarray,
+    scores: np.ndarray,
     front: int | None,
     budget: StepBudget | None,
     scan: int,
-) -> np.ndarray:
-    """The Fast lane's first entries, exactly (descending score, then older, then position):
-    the whole lane, or a prefix long enough for everything the step's plan reads.
+) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """The Fast lane's first entries but the front (`rest`), exactly (descending score, then
+    older, then position): the whole lane, or a prefix long enough for everything the step's
+    plan reads; the other rows but the front, in row order; and the work of `rest`'s first
+    entries, as floats (`_lane_work`).
 
-    The plan reads the first `free_slots` requests after the front (`_items`), the shortest
+    The plan reads the first `free_slots` requests after the front (`_step_head`), the shortest
     prefix whose work covers the step's tokens (`_covering`, at most P) and the first `scan`
     positions of the order (vLLM's scan reaches no further). A prefix found by partial selection
-    (`_lane_head`: every row tied with the last one kept, then sorted by the lane's keys) is grown
+    (`_lane_top`: every row tied with the last one kept, then sorted by the lane's keys) is grown
     until it holds all three; O(n) numpy per try and a sort of the prefix."""
-    n = len(neg)
+    n = len(scores)
     if budget is None or scan >= n:
-        return np.lexsort((cols.arrival, neg))
+        rest = _without(np.lexsort((cols.arrival, -scores)), front)
+        return rest, _NO_ROWS, _lane_work(cols.work, rest, budget)
     need = max(scan, budget.free_slots) + 1  # + 1: the front may sit among them
     k = min(n, max(need, _MIN_PREFIX))
     while True:
-        fast = _lane_head(neg, cols.arrival, k)
-        if k >= n:
-            return fast
-        rest = fast[fast != front] if front is not None else fast
-        if len(rest) >= need - 1 and float(cols.work[rest].sum()) >= max(0, budget.tokens):
-            return fast
+        top, kept = _lane_top(scores, k)
+        fast = _by_lane_keys(top, scores, cols.arrival)
+        rest = _without(fast[:k], front)
+        if kept is None:  # k >= n: the whole lane
+            return rest, _NO_ROWS, _lane_work(cols.work, rest, budget)
+        if len(rest) >= need - 1:
+            work = cols.work[rest].tolist()
+            if sum(work) >= max(0, budget.tokens):
+                return rest, _others(kept, fast[k:], front), work
         k = min(n, 4 * k)
+
+
+_NO_ROWS = np.arange(0)
+
+
+def _others(kept: np.ndarray, cut: np.ndarray, front: int | None) -> np.ndarray:
+    """The rows outside the prefix and the front, in row order, from the mask of the rows the
+    partial selection kept (`_lane_top`, reused in place) and those of them cut off (ties)."""
+    others = np.logical_not(kept, out=kept)
+    if len(cut):
+        others[cut] = True
+    if front is not None:
+        others[front] = False
+    return others.nonzero()[0]
+
+
+def _without(rows: np.ndarray, front: int | None) -> np.ndarray:
+    return rows[rows != front] if front is not None else rows
+
+
+def _lane_work(work: np.ndarray, rest: np.ndarray, budget: StepBudget | None) -> list[float]:
+    """The work of the whole lane's first max(free_slots, P) + 1 entries: the plan reads no
+    further (`_step_head` reads free_slots, and each entry's work is at least 1, so P + 1 of
+    them cover P tokens, `_covering`). None without a budget (no plan)."""
+    if budget is None:
+        return []
+    return work[rest[: max(budget.free_slots, budget.tokens, 0) + 1]].tolist()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
 
@@ -21,9 +21,9 @@ from fairway.profiling.table import PrefillProfile, load
 WaitMode = Literal["relative", "absolute"]
 
 
-@dataclass(frozen=True, slots=True)
-class _Columns:
-    """The queue as numpy columns: the pre-pass runs every step over 1,000s of requests."""
+class _Columns(NamedTuple):
+    """The queue as numpy columns: the pre-pass runs every step over 1,000s of requests (a
+    tuple: built every step, where a frozen dataclass's __init__ costs more)."""
 
     arrival: np.ndarray
     prompt: np.ndarray
@@ -102,7 +102,10 @@ class FastScore(Policy):
         return float(self._scores(_Columns.of([request]), now)[0])
 
     def _wait_unit(self, cols: _Columns) -> np.ndarray | float:
-        """The SLO each request's wait is divided by."""
+        """The SLO each request's wait is divided by: one number when every SLO is the floor
+        (no profile), which divides as the array of it would, without an n-sized temporary."""
+        if self.profile is None:
+            return self.patience_floor_s
         return self._patience(cols.prompt)
 
     def _scores(self, cols: _Columns, now: float) -> np.ndarray:
@@ -121,15 +124,31 @@ class FastScore(Policy):
 
     def _fast_head(self, cols: _Columns, now: float, head: int) -> np.ndarray:
         """The first `head` entries of `_fast_lane`, in O(n) numpy plus a sort of the top."""
-        return _lane_head(-self._scores(cols, now), cols.arrival, head)
+        return _lane_head(self._scores(cols, now), cols.arrival, head)
 
 
-def _lane_head(neg: np.ndarray, arrival: np.ndarray, head: int) -> np.ndarray:
-    """The first `head` rows of the Fast lane whose negated scores are `neg`: the rows `_top`
-    keeps, sorted by the lane's keys (score, then arrival; `top` ascends and lexsort is stable,
-    so queue position breaks the last tie)."""
-    top = _top(neg, head)
-    return top[np.lexsort((arrival[top], neg[top]))][:head]
+def _lane_head(scores: np.ndarray, arrival: np.ndarray, head: int) -> np.ndarray:
+    """The first `head` rows of the Fast lane whose scores are `scores`: the rows `_lane_top`
+    keeps, in the lane's order (`_by_lane_keys`)."""
+    return _by_lane_keys(_lane_top(scores, head)[0], scores, arrival)[:head]
+
+
+def _lane_top(scores: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows whose score is among the `head` highest, every row tied with the head-th included,
+    in increasing row order; and the mask of them over all rows (None when they are all rows)."""
+    n = len(scores)
+    if head >= n:
+        return np.arange(n), None
+    if head <= 0:
+        return np.arange(0), np.zeros(n, dtype=bool)
+    kept = scores >= _kth_smallest(scores, n - head)
+    return kept.nonzero()[0], kept  # the methods: numpy's function wrappers cost more here
+
+
+def _by_lane_keys(rows: np.ndarray, scores: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """`rows` (increasing) in the Fast lane's order: score descending, then older; lexsort is
+    stable, so row order breaks the last tie. Only these rows' scores are negated."""
+    return rows[np.lexsort((arrival[rows], -scores[rows]))]
 
 
 def _top(key: np.ndarray, head: int) -> np.ndarray:
@@ -138,8 +157,14 @@ def _top(key: np.ndarray, head: int) -> np.ndarray:
     n = len(key)
     if head >= n:
         return np.arange(n)
-    threshold = key[np.argpartition(key, head - 1)[head - 1]]
-    return np.flatnonzero(key <= threshold)
+    return (key <= _kth_smallest(key, head - 1)).nonzero()[0]
+
+
+def _kth_smallest(values: np.ndarray, k: int) -> float:
+    """The value at position `k` of `values` sorted (a partition of a copy, O(n))."""
+    part = values.copy()
+    part.partition(k)
+    return part[k]
 
 
 @register_policy("fairway-step")

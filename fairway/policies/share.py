@@ -12,9 +12,10 @@ the rest of the budget. `tests/unit/test_share.py` checks the plan against this 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, count, islice
+from typing import NamedTuple
 
 #: A cap no request reaches (vLLM's "no cap" is 0; the model uses a large number instead).
 NO_CAP = 1 << 40
@@ -56,8 +57,7 @@ def _truncated(seq: Sequence[Item], slots: int) -> list[int]:
     return [item.demand for item in seq]
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
+class _Served(NamedTuple):  # a tuple: built per search, where a frozen __init__ costs
     """The scan's tokens as a function of the cap: f(c) = sum of min(d, c) over the demands d
     the scan reaches (`_truncated`; demands are remaining tokens, never negative).
 
@@ -76,7 +76,12 @@ class _Served:
 
     @classmethod
     def of(cls, seq: Sequence[Item], slots: int) -> _Served:
-        demands = sorted(_truncated(seq, slots))
+        return cls.over(_truncated(seq, slots))
+
+    @classmethod
+    def over(cls, reachable: list[int]) -> _Served:
+        """f over demands the scan reaches (any order)."""
+        demands = sorted(reachable)
         return cls(demands, [0, *accumulate(demands)])
 
     @property
@@ -115,32 +120,31 @@ def demand_served(seq: Sequence[Item], slots: int) -> int:
     return min(NO_CAP, sum(_truncated(seq, slots)))
 
 
-def _taken(seq: Sequence[Item], cap: int, slots: int) -> int:
-    """Tokens the scan gives with this cap and no budget limit: sum(grants(seq, cap, NO_CAP,
-    slots)), which is min(NO_CAP, f(cap)) (`_Served`)."""
-    return min(NO_CAP, _Served.of(seq, slots).at(cap))
-
-
 def water_level(seq: Sequence[Item], budget: int, slots: int, lo: int) -> int:
     """The smallest cap >= lo with which the scan fills the budget (the largest demand if none).
 
     Closed form (`_Served`): the scan gives min(budget, f(cap)) tokens, so the level is the
     smallest c with f(c) >= budget, raised to lo.
     """
+    return _level(
+        _truncated(seq, slots), budget, lo, lambda: max([item.demand for item in seq], default=lo)
+    )
+
+
+def _level(reachable: list[int], budget: int, lo: int, largest: Callable[[], int]) -> int:
+    """`water_level` over the demands the scan reaches, in scan order; `largest()` is the largest
+    demand of the whole sequence, reached or not (the level when nothing fills the budget; it is
+    asked only then, so a caller may compute it lazily)."""
     if budget <= 0:  # nothing to fill: any cap does
         return lo
-    left, free = budget, slots  # cap lo often fills it within a few items (O running): stop
-    for item in seq:
-        if item.waiting:
-            if free <= 0:
-                break
-            free -= 1
-        left -= min(item.demand, lo)
+    left = budget  # cap lo often fills it within a few items (O running): stop
+    for demand in reachable:
+        left -= demand if demand < lo else lo
         if left <= 0:
             return lo
-    served = _Served.of(seq, slots)
+    served = _Served.over(reachable)
     if served.total < budget:
-        return max(lo, max([item.demand for item in seq], default=lo))
+        return max(lo, largest())
     return max(lo, served.first_reaching(budget))
 
 
@@ -150,7 +154,12 @@ def cap_limit(before: Sequence[Item], room: int, slots: int) -> int:
     Closed form (`_Served`): with no budget limit they take f(cap), so the cap is the largest c
     with f(c) <= room; NO_CAP if all they can take fits, 0 if a cap of 1 already takes too much.
     """
-    served = _Served.of(before, slots)
+    return _limit(_truncated(before, slots), room)
+
+
+def _limit(reachable: list[int], room: int) -> int:
+    """`cap_limit` over the demands the scan reaches."""
+    served = _Served.over(reachable)
     if min(NO_CAP, served.total) <= room:
         return NO_CAP
     if served.at(1) > room:
@@ -173,18 +182,29 @@ class Plan:
     def key(self, target: int) -> tuple[bool, int, int, int]:
         """Best plan: O gets its target; then most Fast tokens; then most tokens; larger cap
         (fewer, larger chunks: the best-scored requests finish first)."""
-        ok = self.front_tokens >= target
-        return (ok, self.fast_tokens if ok else self.front_tokens, self.total, self.cap)
+        return _rank(self.front_tokens, self.total, self.cap, target)
 
     @property
     def total(self) -> int:
         return self.front_tokens + self.fast_tokens
 
 
-def _evaluate(seq: list[Item], front: int, cap: int, budget: int, slots: int, **kw: object) -> Plan:
-    given = grants(seq, cap, budget, slots)
-    mine = given[front] if front < len(given) else 0
-    return Plan(cap=cap, front_tokens=mine, fast_tokens=sum(given) - mine, **kw)  # type: ignore[arg-type]
+def _rank(front_tokens: int, total: int, cap: int, target: int) -> tuple[bool, int, int, int]:
+    """`Plan.key` from a plan's outcome (the planner ranks outcomes before building a `Plan`)."""
+    ok = front_tokens >= target
+    return (ok, total - front_tokens if ok else front_tokens, total, cap)
+
+
+class _Choice(NamedTuple):
+    """The planner's result: a `Plan` with the running prefills named by how many (`first`
+    before O, the newest `hold` held back) instead of by id."""
+
+    cap: int
+    front_first: bool
+    first: int
+    hold: int
+    front_tokens: int
+    fast_tokens: int
 
 
 def plan_step(
@@ -211,74 +231,147 @@ def plan_step(
         The plan that gives O at least `target` tokens (if any arrangement does) and, among
         those, the most tokens to the Fast lane, then the most tokens in all.
 
+    The items of `running` must not wait and those of `ahead` and `waiting` must (their place
+    in the scan is fixed by their role). The plan is made over their demands (`_plan`).
+    """
+    if any(item.waiting for item in running) or not all(i.waiting for i in (*ahead, *waiting)):
+        raise ValueError("plan_step: running items must not wait, ahead and waiting items must")
+    ids = [item.request_id for item in running]
+    choice = _plan(
+        front.demand,
+        front.waiting,
+        [item.demand for item in running],
+        [item.demand for item in ahead],
+        [item.demand for item in waiting],
+        budget,
+        slots,
+        target,
+    )
+    return Plan(
+        choice.cap,
+        choice.front_first,
+        tuple(ids[: choice.first]),
+        frozenset(ids[len(ids) - choice.hold :]),
+        choice.front_tokens,
+        choice.fast_tokens,
+    )
+
+
+def _plan(
+    front: int,
+    front_waiting: bool,
+    running: list[int],
+    ahead: list[int],
+    waiting: list[int],
+    budget: int,
+    slots: int,
+    target: int,
+    unreached: Callable[[], int] = lambda: 0,
+) -> _Choice:
+    """`plan_step` over demands: O's, the running prefills', the ahead and waiting requests'.
+
+    `unreached()`: the largest demand of waiting requests after `waiting` that the scan never
+    reaches (its slots are gone first); it only bounds the water level when nothing fills the
+    budget, as their `Item`s would, so it is asked only then (`fairway` passes the largest of
+    the thousands of requests past the step's head).
+
     Arrangements tried. O running: some prefix of the running Fast prefills before O, the rest
     (and every waiting request) after it. O waiting: every running prefill comes first (vLLM's
     rule); O first or last in the waiting order; if the running prefills alone would take more
     than budget - target, the newest of them are held back for the step (as few as possible).
     Caps tried per arrangement: the water level (the smallest cap >= target that fills the budget)
-    and the largest cap with which the requests before O leave O its target.
+    and the largest cap with which the requests before O leave O its target. The scan serves
+    every running request, then waiting ones while slots last, so the demands it reaches are the
+    running ones (O among them when it runs) and then the first `slots` waiting ones.
     """
     lo = max(1, target)
     room = budget - target
-    plans: list[Plan] = []
-    if not front.waiting:
-        after = [*ahead, *waiting]
-        level = water_level([front, *running, *after], budget, slots, lo)
+    free = max(0, slots)
+    tries: list[tuple[list[int], int, int, bool, int, int]] = []  # see `_best`
+
+    def largest(*parts: list[int]) -> Callable[[], int]:
+        return lambda: max(front, unreached(), *(max(part, default=front) for part in parts))
+
+    if not front_waiting:
+        after = ahead + waiting
+        reached = after[:free]
+        level = _level([front, *running, *reached], budget, lo, largest(running, after))
         taken, k_max = 0, 0
-        for k in range(1, len(running) + 1):
-            taken += min(running[k - 1].demand, level)
+        for k, demand in enumerate(running, 1):
+            taken += demand if demand < level else level
             if taken > room:
                 break
             k_max = k
-        for k in sorted({0, k_max}):
-            before = list(running[:k])
-            seq = [*before, front, *running[k:], *after]
-            first = tuple(item.request_id for item in before)
-            caps = {level}
+        for k in (0, k_max) if k_max else (0,):
+            reachable = [*running[:k], front, *running[k:], *reached]
+            tries.append((reachable, k, level, True, k, 0))
             if k:
-                top = cap_limit(before, room, slots)
-                if top >= level:
-                    caps.add(min(top, NO_CAP))
-            plans += [_evaluate(seq, k, c, budget, slots, running_first=first) for c in caps]
+                top = _limit(running[:k], room)
+                if top >= level and min(top, NO_CAP) != level:
+                    tries.append((reachable, k, min(top, NO_CAP), True, k, 0))
     else:
-        hold = _min_hold(front, running, ahead, waiting, budget, slots, lo, room)
-        kept = list(running[: len(running) - hold])
-        held = frozenset(item.request_id for item in running[len(running) - hold :])
+        hold = _hold(front, running, ahead, waiting, budget, free, lo, room, largest)
+        kept = running[: len(running) - hold]
         for front_first in (True, False):
-            before = [*kept, *ahead] + ([] if front_first else list(waiting))
-            rest = list(waiting) if front_first else []
-            seq = [*before, front, *rest]
-            level = water_level(seq, budget, slots, lo)
-            caps = {level}
-            top = cap_limit(before, room, slots)
-            if top >= lo:
-                caps.add(top)
-            plans += [
-                _evaluate(seq, len(before), c, budget, slots, front_first=front_first, hold=held)
-                for c in caps
-            ]
-    return max(plans, key=lambda plan: plan.key(target))
+            before = ahead if front_first else ahead + waiting
+            queued = [*before, front, *waiting] if front_first else [*before, front]
+            reachable = kept + queued[:free]
+            at = len(kept) + len(before)
+            level = _level(reachable, budget, lo, largest(kept, ahead, waiting))
+            tries.append((reachable, at, level, front_first, 0, hold))
+            top = _limit(kept + before[:free], room)
+            if top >= lo and top != level:
+                tries.append((reachable, at, top, front_first, 0, hold))
+    return _best(tries, budget, target)
 
 
-def _min_hold(
-    front: Item,
-    running: Sequence[Item],
-    ahead: Sequence[Item],
-    waiting: Sequence[Item],
+def _best(
+    tries: list[tuple[list[int], int, int, bool, int, int]], budget: int, target: int
+) -> _Choice:
+    """The best of the plans tried, each (the demands the scan reaches in order, O's index
+    among them, the cap, front_first, first, hold), by `Plan.key`; the first of equals, as
+    max() picks (plans of one arrangement differ in their cap, so only the arrangements' order
+    matters)."""
+    best_key: tuple[bool, int, int, int] | None = None
+    best = tries[0]
+    outcome = (0, 0)
+    for tried in tries:
+        reachable, at, cap = tried[0], tried[1], tried[2]
+        left, mine = budget, 0  # `grants`, summed (conditionals: min() calls cost more here)
+        for i, demand in enumerate(reachable):
+            if left <= 0:
+                break
+            given = demand if demand < cap else cap
+            if given > left:
+                given = left
+            if i == at:
+                mine = given
+            left -= given
+        key = _rank(mine, budget - left, cap, target)
+        if best_key is None or key > best_key:
+            best_key, best, outcome = key, tried, (mine, budget - left - mine)
+    return _Choice(best[2], best[3], best[4], best[5], *outcome)
+
+
+def _hold(
+    front: int,
+    running: list[int],
+    ahead: list[int],
+    waiting: list[int],
     budget: int,
-    slots: int,
+    free: int,
     lo: int,
     room: int,
+    largest: Callable[..., Callable[[], int]],
 ) -> int:
     """How many of the newest running prefills to hold back so that, with O first in the waiting
     order and the cap at the water level, the requests ahead of O leave it its target."""
-
-    tail = [front, *waiting]
+    queued = [*ahead, front, *waiting][:free]
 
     def fits(hold: int) -> bool:
-        before = [*running[: len(running) - hold], *ahead]
-        level = water_level([*before, *tail], budget, slots, lo)
-        return _taken(before, level, slots) <= room
+        kept = running[: len(running) - hold]
+        level = _level(kept + queued, budget, lo, largest(kept, ahead, waiting))
+        return min(NO_CAP, _Served.over(kept + ahead[:free]).at(level)) <= room
 
     if fits(0):
         return 0

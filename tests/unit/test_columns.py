@@ -135,11 +135,10 @@ def test_keyed_state_grows_and_keeps_values() -> None:
 def test_fairway_share_over_the_step_head_equals_the_whole_queue(
     seed: int, slots: int, tokens: int, num_running: int
 ) -> None:
-    """`fairway` hands Items only for the requests a step can start or give tokens to; the plan
-    equals the one computed from every waiting request."""
-    from fairway.policies import fairway as fairway_policy
+    """`fairway` plans over the demands of only the requests a step can start or give tokens to
+    (the largest of the others' asked for lazily); the plan equals the one computed from every
+    waiting request."""
     from fairway.policies.base import PrefillingRequest, StepBudget
-    from fairway.policies.share import Item
 
     rng = random.Random(seed)
     queue = _random_queue(rng, 30)
@@ -147,23 +146,48 @@ def test_fairway_share_over_the_step_head_equals_the_whole_queue(
         PrefillingRequest(f"p{j}", rng.uniform(0, 9), rng.randint(1, 900), 1_000)
         for j in range(num_running)
     )
-    budget = StepBudget(tokens, slots)
+    assert _share(queue, running, StepBudget(tokens, slots)) == _share_over_every_demand(
+        queue, running, StepBudget(tokens, slots)
+    )
 
-    def plan(policy):
-        share = policy.step_share(queue, running, budget, 10.0)
-        order = list(share.waiting_order)  # an array: compared as a list
-        return dataclasses.replace(share, waiting_order=order), list(policy.last_lanes)
 
-    fast = plan(get("fairway"))
+def _share(queue, running, budget):
+    """`fairway`'s first step share (its order as a list) and lanes."""
+    policy = get("fairway")
+    share = policy.step_share(queue, running, budget, 10.0)
+    order = list(share.waiting_order)  # an array: compared as a list
+    return dataclasses.replace(share, waiting_order=order), list(policy.last_lanes)
 
-    def all_items(queue, cols, rest, slots, lead):
-        ids = queue.ids_of(rest)
-        return [Item(i, int(cols.work[r]), True) for i, r in zip(ids, rest.tolist(), strict=True)]
+
+def _share_over_every_demand(queue, running, budget):
+    """`_share` with every waiting request's demand in the plan and in the score order."""
+    from fairway.policies import fairway as fairway_policy
+
+    def every_demand(work, free, rest, all_work, front):
+        return [int(w) for w in all_work[rest].tolist()], lambda: 0
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fairway_policy, "_items", all_items)
-        patch.setattr(fairway_policy, "_covering", lambda rest, work, tokens: rest)
-        assert plan(get("fairway")) == fast
+        patch.setattr(fairway_policy, "_step_head", every_demand)
+        patch.setattr(fairway_policy, "_lane_work", lambda work, rest, budget: work[rest].tolist())
+        patch.setattr(fairway_policy, "_covering", lambda work, tokens: len(work))
+        return _share(queue, running, budget)
+
+
+def test_fairway_water_level_counts_the_largest_request_past_the_step_head() -> None:
+    """With the running Fast prefill R held back, the demands the scan reaches (O's 100, the hit's
+    50) do not fill the step, so the water level is the largest demand of the queue: the miss's
+    30,000, past the one free slot. The plan asks for it (computed lazily) and caps at P."""
+    from fairway.policies.base import PrefillingRequest, StepBudget
+
+    queue = [
+        QueuedRequest("miss", 2.0, 30_000, 0),  # score 8: outscores R (5.2)
+        QueuedRequest("hit", 3.0, 10_050, 10_000),  # score 207: the one slot
+    ]
+    running = (PrefillingRequest("O", 0.0, 100, 1_000), PrefillingRequest("R", 5.0, 5_000, 6_000))
+    budget = StepBudget(2_048, 1)
+    share, lanes = _share(queue, running, budget)
+    assert (share.front_id, share.hold, share.target, share.cap) == ("O", {"R"}, 100, 2_048)
+    assert (share, lanes) == _share_over_every_demand(queue, running, budget)
 
 
 @settings(max_examples=150, deadline=None)

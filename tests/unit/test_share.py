@@ -204,3 +204,13 @@ def test_idle_step_leaves_the_policy_as_a_plan_without_slots_or_prefills_does(fr
     idle.idle_step()
     assert idle.ledger == planned.ledger and idle.ledger.contest_steps == 0
     assert idle._pending is planned._pending is None
+
+
+def test_plan_step_refuses_items_out_of_their_role() -> None:
+    """The scan's order is fixed by role (running, then ahead, then waiting): a running item
+    that waits, or a waiting one that does not, is a caller's error, not a silent plan."""
+    o = Item("O", 5000, False)
+    with pytest.raises(ValueError, match="running items must not wait"):
+        plan_step(o, items(300), [], [], B, 8, 409)
+    with pytest.raises(ValueError, match="ahead and waiting items must"):
+        plan_step(o, [], [], items(300, waiting=False), B, 8, 409)

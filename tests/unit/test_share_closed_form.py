@@ -1,16 +1,16 @@
 """The closed forms of `fairway.policies.share` against the binary searches they replace.
 
-`water_level`, `cap_limit`, `demand_served` and the hold search's `_taken` ran the scan model
-(`grants`), the first two at each try of a binary search over the cap; they now solve
-f(cap) = budget or room on the piecewise-linear f directly (`_Served`). The searches are kept
-here, written from `grants` alone, as the reference: every result, and every plan, must be the
-same.
+`water_level`, `cap_limit`, `demand_served` and the hold search ran the scan model (`grants`),
+the first two at each try of a binary search over the cap; they now solve f(cap) = budget or room
+on the piecewise-linear f directly (`_Served`). `plan_step` ran over `Item` lists, evaluating each
+arrangement with `grants` and collecting `Plan`s; it now plans over plain demands (`_plan`). The
+searches and that planner are kept here, written from `grants` alone, as the reference: every
+result, and every plan, must be the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from unittest import mock
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -122,17 +122,66 @@ def test_scan_total_is_min_of_budget_and_f(seq, cap, budget, slots) -> None:
     """The identity the closed forms rest on: the scan's total is min(budget, f(cap))."""
     served = share._Served.of(seq, slots)
     assert sum(grants(seq, cap, budget, slots)) == max(0, min(budget, served.at(cap)))
-    assert share._taken(seq, cap, slots) == _ref_taken(seq, cap, slots)
+    assert min(NO_CAP, served.at(cap)) == _ref_taken(seq, cap, slots)
 
 
-def _ref_plan_step(*args: object) -> share.Plan:
-    with (
-        mock.patch.object(share, "water_level", _ref_water_level),
-        mock.patch.object(share, "cap_limit", _ref_cap_limit),
-        mock.patch.object(share, "demand_served", _ref_demand_served),
-        mock.patch.object(share, "_taken", _ref_taken),
-    ):
-        return plan_step(*args)  # type: ignore[arg-type]
+def _ref_plan_step(
+    front: Item,
+    running: Sequence[Item],
+    ahead: Sequence[Item],
+    waiting: Sequence[Item],
+    budget: int,
+    slots: int,
+    target: int,
+) -> share.Plan:
+    """The planner as it was: every arrangement's `Plan` from `grants`, the best by `Plan.key`."""
+    lo, room = max(1, target), budget - target
+
+    def evaluate(seq: list[Item], at: int, cap: int, **kw: object) -> share.Plan:
+        given = grants(seq, cap, budget, slots)
+        mine = given[at] if at < len(given) else 0
+        return share.Plan(cap=cap, front_tokens=mine, fast_tokens=sum(given) - mine, **kw)
+
+    def fits(hold: int) -> bool:
+        before = [*running[: len(running) - hold], *ahead]
+        level = _ref_water_level([*before, front, *waiting], budget, slots, lo)
+        return _ref_taken(before, level, slots) <= room
+
+    plans = []
+    if not front.waiting:
+        after = [*ahead, *waiting]
+        level = _ref_water_level([front, *running, *after], budget, slots, lo)
+        taken, k_max = 0, 0
+        for k in range(1, len(running) + 1):
+            taken += min(running[k - 1].demand, level)
+            if taken > room:
+                break
+            k_max = k
+        for k in sorted({0, k_max}):
+            before = list(running[:k])
+            seq = [*before, front, *running[k:], *after]
+            caps = {level}
+            if k and (top := _ref_cap_limit(before, room, slots)) >= level:
+                caps.add(min(top, NO_CAP))
+            first = tuple(item.request_id for item in before)
+            plans += [evaluate(seq, k, c, running_first=first) for c in caps]
+    else:
+        hold, bad = (0, 0) if fits(0) else (len(running), 0)  # the fewest held that fit
+        while hold - bad > 1:
+            mid = (bad + hold) // 2
+            hold, bad = (mid, bad) if fits(mid) else (hold, mid)
+        kept = list(running[: len(running) - hold])
+        held = frozenset(item.request_id for item in running[len(running) - hold :])
+        for front_first in (True, False):
+            before = [*kept, *ahead] + ([] if front_first else list(waiting))
+            seq = [*before, front, *(waiting if front_first else [])]
+            caps = {_ref_water_level(seq, budget, slots, lo)}
+            if (top := _ref_cap_limit(before, room, slots)) >= lo:
+                caps.add(top)
+            plans += [
+                evaluate(seq, len(before), c, front_first=front_first, hold=held) for c in caps
+            ]
+    return max(plans, key=lambda plan: plan.key(target))
 
 
 @settings(max_examples=1000, deadline=None)

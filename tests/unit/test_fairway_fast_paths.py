@@ -1,0 +1,134 @@
+"""The per-step shortcuts of `fairway`'s `step_share` against the numpy forms they replace.
+
+`step_share` runs before every step over 1,000s of waiting requests, so its small parts avoid
+numpy calls on tiny arrays and n-sized temporaries: the running prefills' scores in scalar math,
+the lane's head by a partition of the scores themselves (not of their negation), the covering
+prefix and the rows outside the head from data already at hand. Each must give exactly what the
+form it replaced gave (bit for bit: the plan compares and sorts these numbers). The replaced
+forms are kept here as the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from fairway.policies import get
+from fairway.policies.base import PrefillingRequest
+from fairway.policies.fairway import _covering, _Lane, _others, _score_rows
+from fairway.policies.fairway_step import _by_lane_keys, _Columns, _lane_head, _lane_top, _top
+from fairway.profiling.table import from_points
+
+
+def _ref_running_columns(prefilling: list[PrefillingRequest]) -> _Columns:
+    """The running prefills as score columns, as `step_share` built them before."""
+    k = len(prefilling)
+    arrival = np.fromiter((p.arrival for p in prefilling), np.float64, k)
+    prompt = np.fromiter((p.prompt_tokens for p in prefilling), np.float64, k)
+    remaining = np.fromiter((p.remaining for p in prefilling), np.float64, k)
+    return _Columns(arrival, prompt, prompt - remaining, np.maximum(remaining, 1.0))
+
+
+def _ref_top(key: np.ndarray, head: int) -> np.ndarray:
+    n = len(key)
+    if head >= n:
+        return np.arange(n)
+    threshold = key[np.argpartition(key, head - 1)[head - 1]]
+    return np.flatnonzero(key <= threshold)
+
+
+def _ref_lane_head(scores: np.ndarray, arrival: np.ndarray, head: int) -> np.ndarray:
+    neg = -scores
+    top = _ref_top(neg, head)
+    return top[np.lexsort((arrival[top], neg[top]))][:head]
+
+
+def _bits(values: object) -> bytes:
+    return np.asarray(values, dtype=np.float64).tobytes()
+
+
+prefills = st.lists(
+    st.builds(
+        lambda i, arrival, remaining, computed: PrefillingRequest(
+            f"p{i}", arrival, remaining, remaining + computed
+        ),
+        st.integers(0, 99),
+        st.one_of(st.floats(0, 100, allow_nan=False), st.integers(0, 100)),
+        st.integers(1, 40_000),
+        st.integers(0, 40_000),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    prefilling=prefills,
+    now=st.one_of(st.floats(0, 120, allow_nan=False), st.integers(0, 120)),
+    profiled=st.booleans(),
+    floor=st.sampled_from([0.25, 1.0, 3.0]),
+)
+@example(prefilling=[PrefillingRequest("p", 5.0, 1, 1)], now=5.0, profiled=False, floor=1.0)
+def test_prefill_scores_equal_the_column_scores(prefilling, now, profiled, floor) -> None:
+    """Scalar float64 math gives numpy's elementwise results; T(L) comes from the profile."""
+    profile = from_points([(1000, 0.2), (8000, 4 / 3), (32000, 9.0)]) if profiled else None
+    policy = get("fairway", profile=profile, patience_floor_s=floor)
+    got = policy._prefill_scores(prefilling, now)
+    want = policy._scores(_ref_running_columns(prefilling), now) if prefilling else []
+    assert _bits(got) == _bits(want)
+
+
+keys = st.lists(st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.0 + 2**-52, 3.0, 7.25, 1e9]), max_size=60)
+
+
+@settings(max_examples=500, deadline=None)
+@given(scores=keys, arrival_ties=st.booleans(), head=st.integers(0, 64), data=st.data())
+def test_lane_head_equals_the_negated_selection(scores, arrival_ties, head, data) -> None:
+    """The partition of the scores for their highest keeps the rows the partition of their
+    negation for its lowest kept, in the same lane order, ties and signed zeros included."""
+    s = np.array(scores, dtype=np.float64)
+    times = st.sampled_from([0.0, 1.0]) if arrival_ties else st.floats(0, 10, allow_nan=False)
+    arrival = np.array(data.draw(st.lists(times, min_size=len(s), max_size=len(s))), np.float64)
+    assert _lane_head(s, arrival, head).tolist() == _ref_lane_head(s, arrival, head).tolist()
+    assert _top(s, head).tolist() == _ref_top(s, head).tolist()
+
+
+@settings(max_examples=500, deadline=None)
+@given(work=st.lists(st.integers(1, 5000).map(float), max_size=40), tokens=st.integers(0, 30_000))
+def test_covering_equals_the_cumulative_search(work, tokens) -> None:
+    rest = np.arange(len(work))
+    covered = np.searchsorted(np.cumsum(np.array(work, dtype=np.float64)), tokens)
+    assert _covering(work, tokens) == len(rest[: int(covered) + 1])
+
+
+@settings(max_examples=500, deadline=None)
+@given(scores=keys.filter(len), head=st.integers(1, 64), data=st.data())
+def test_rows_outside_the_head_equal_the_placed_mask(scores, head, data) -> None:
+    """The rows the partial selection left out (its mask reused), the ties it cut off and not
+    the front: the rows a mask of the placed ones leaves, in row order."""
+    s = np.array(scores, dtype=np.float64)
+    n = len(s)
+    front = data.draw(st.one_of(st.none(), st.integers(0, n - 1)))
+    top, kept = _lane_top(s, head)
+    if kept is None:  # head >= n: nothing outside
+        return
+    fast = _by_lane_keys(top, s, np.zeros(n))
+    rest = fast[:head] if front is None else fast[:head][fast[:head] != front]
+    placed = np.zeros(n, dtype=bool)
+    placed[rest] = True
+    if front is not None:
+        placed[front] = True
+    assert _others(kept, fast[head:], front).tolist() == np.flatnonzero(~placed).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 40), data=st.data())
+def test_score_rows_equal_the_gathered_columns(n, data) -> None:
+    """Element by element (a few rows) or gathered (more), the same floats."""
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=20)), dtype=np.intp)
+    scores = np.array(data.draw(st.lists(st.floats(-1e6, 1e6), min_size=n, max_size=n)))
+    arrival = np.array(data.draw(st.lists(st.floats(0, 1e9), min_size=n, max_size=n)))
+    cols = _Columns(arrival, np.zeros(n), np.zeros(n), np.ones(n))
+    got = _score_rows(_Lane(cols, scores, rows, []), rows)
+    assert (_bits(got[0]), _bits(got[1])) == (_bits(scores[rows]), _bits(arrival[rows]))
