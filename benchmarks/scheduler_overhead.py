@@ -340,24 +340,26 @@ class PrefillNode:
         self.busy: list[Sample] = []
         warm = 0
         while warm < args.warmup:  # untimed, until the probe has seen every waiting request
-            self._step()
-            warm = 0 if _unprobed(self.sched) else warm + 1
+            _, unprobed = self._step()
+            warm = 0 if unprobed else warm + 1
 
-    def _step(self) -> Sample:
-        """One timed step, then the arrivals that keep the queue at N (their add_request timed)."""
+    def _step(self) -> tuple[Sample, int]:
+        """One timed step, then the arrivals that keep the queue at N (their add_request timed);
+        and how many waiting requests the probe had not seen after the step (before arrivals)."""
         work = self.work
         sample = _timed_step(work.offline, self.sched)
+        unprobed = _unprobed(self.sched)
         arrivals = []
         for _ in range(sample.admitted):
             template = work.templates[self.next_k % len(work.templates)]
             arrivals.append(work.copy(template, f"{self.arm}-{self.next_k}", time.time()))
             self.next_k += 1
-        return sample.plus(*_timed_add(work.offline, self.sched, arrivals))  # Fairway registers
+        return sample.plus(*_timed_add(work.offline, self.sched, arrivals)), unprobed
 
     def run(self, steps: int) -> None:
         """`steps` measured steps."""
         for _ in range(steps):
-            sample = self._step()
+            sample, _ = self._step()
             (self.admit if sample.admitted else self.busy).append(sample)
 
     def results(self) -> list[ArmResult]:
