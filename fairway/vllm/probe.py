@@ -470,16 +470,34 @@ class PrefixProbe:
         self._set(hit, lo)
 
     def _extend(self, hit: _Hit) -> None:
-        """Probe forward from the memoized length: the hit grew since the last step."""
+        """Probe forward from the memoized length: the hit grew since the last step.
+
+        Block `hit.blocks` is cached (that is why it is extended). The cached blocks of a chain
+        are prefix-closed (see `_lookup`), so the new end is found by galloping: probe 1, 2, 4,
+        ... blocks further until one is missing, then a binary search in the last gap; O(log g)
+        hash-map reads for a growth of g blocks (a re-cached 8k-token prefix is 512 blocks)."""
         self.num_extensions += 1
         hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
         limit = min(hit.cap, len(hashes))
-        n = hit.blocks
         cache = self._cache
         assert cache is not None
-        while n < limit and make_block_hash_with_group_id(hashes[n], 0) in cache:
-            n += 1
-        self._set(hit, n)
+        lo, step = hit.blocks, 1  # blocks [0, lo) cached
+        hi = limit  # blocks [hi, limit) not cached, or hi == limit
+        while lo < hi:
+            probe = min(lo + step, hi)  # is block probe - 1 cached?
+            if make_block_hash_with_group_id(hashes[probe - 1], 0) in cache:
+                lo = probe
+                step *= 2
+            else:
+                hi = probe - 1
+                break
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if make_block_hash_with_group_id(hashes[mid - 1], 0) in cache:
+                lo = mid
+            else:
+                hi = mid - 1
+        self._set(hit, lo)
 
     def _set(self, hit: _Hit, blocks: int, tokens: int | None = None) -> None:
         """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""

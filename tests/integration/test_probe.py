@@ -343,3 +343,26 @@ def test_moving_a_head_to_the_front_equals_the_permutation(data, n):
     moved = _moved_to_front(order)
     assert moved <= len(head) and sorted(order[moved:].tolist()) == order[moved:].tolist()
     assert _move_to_front(current, order[:moved].tolist()) == [current[i] for i in order]
+
+
+@pytest.mark.parametrize("shared_blocks", [1, 25, 40])
+def test_a_long_growth_in_one_step_ends_where_the_chain_ends(offline, helpers, shared_blocks):
+    """S computes `shared_blocks` blocks of W's 40-block prefix in one step: W's memo extends by
+    that much at once (the galloping search) and equals vLLM's own lookup."""
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=200, max_num_batched_tokens=2_048, max_num_seqs=1
+    )
+    prefix = helpers.tokens(1, 640)  # 40 blocks
+    w = offline.make_request("W", prefix + helpers.tokens(5_000, 16), 2.0)
+    s = offline.make_request(
+        "S", prefix[: 16 * shared_blocks] + helpers.tokens(9_000, 8), 1.0, max_tokens=50
+    )
+    sched.add_request(s)
+    sched.add_request(w)
+    probe = sched.fairway_probe
+    offline.step(sched)  # S (older) takes the only slot and computes its whole prompt
+    before = probe.num_extensions
+    offline.step(sched)  # S decodes; the pre-pass sees W's next block cached: one extension
+    assert "W" in helpers.queue_ids(sched)
+    assert probe.num_extensions == before + 1
+    assert _lookups(sched, sched.requests["W"]) == (16 * shared_blocks,) * 3
