@@ -209,6 +209,19 @@ def _eagle_groups(coordinator: Any) -> set[int]:
 PROBE_BUDGET = 1_024
 
 _ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
+#: vLLM's hash-map key of a block hash in KV-cache group 0 is the hash followed by these bytes
+#: (`make_block_hash_with_group_id`, 0.32: the group id in 4 big-endian bytes). The incremental
+#: probe appends them itself, one Python call less per hash-map read, and runs only where that
+#: holds (`_keys_are_suffixed`).
+_GROUP0_SUFFIX = make_block_hash_with_group_id(b"", 0)  # vLLM internal: the key's encoding
+
+
+def _keys_are_suffixed() -> bool:
+    """Whether vLLM builds a group-0 key by appending `_GROUP0_SUFFIX` to the block hash."""
+    sample = bytes(range(32))
+    return make_block_hash_with_group_id(sample, 0) == sample + _GROUP0_SUFFIX
+
+
 #: Requests vLLM may have put back at the head of the queue that `_match` looks past.
 _MAX_HEAD = 256
 #: Steps after which `advance()` checks every waiting request's next block against the cache
@@ -374,6 +387,7 @@ class PrefixProbe:
             and pool.hash_block_size == manager.block_size  # vLLM internal: hash_block_size
             and getattr(coordinator, "dcp_world_size", 1) == 1
             and getattr(coordinator, "pcp_world_size", 1) == 1
+            and _keys_are_suffixed()
         )
 
     # --- one request ------------------------------------------------------------------------------
@@ -426,7 +440,7 @@ class PrefixProbe:
         hashes = request.block_hashes  # vLLM internal: Request.block_hashes
         blocks = []
         for i in range(hit.blocks):
-            block = _one_block(self._cache_get(make_block_hash_with_group_id(hashes[i], 0)))
+            block = _one_block(self._cache_get(hashes[i] + _GROUP0_SUFFIX))
             if block is None:
                 break
             blocks.append(block)
@@ -463,7 +477,7 @@ class PrefixProbe:
         lo, hi = 0, min(hit.cap, len(hashes))
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if make_block_hash_with_group_id(hashes[mid - 1], 0) in cache:
+            if hashes[mid - 1] + _GROUP0_SUFFIX in cache:
                 lo = mid
             else:
                 hi = mid - 1
@@ -485,7 +499,7 @@ class PrefixProbe:
         hi = limit  # blocks [hi, limit) not cached, or hi == limit
         while lo < hi:
             probe = min(lo + step, hi)  # is block probe - 1 cached?
-            if make_block_hash_with_group_id(hashes[probe - 1], 0) in cache:
+            if hashes[probe - 1] + _GROUP0_SUFFIX in cache:
                 lo = probe
                 step *= 2
             else:
@@ -493,7 +507,7 @@ class PrefixProbe:
                 break
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if make_block_hash_with_group_id(hashes[mid - 1], 0) in cache:
+            if hashes[mid - 1] + _GROUP0_SUFFIX in cache:
                 lo = mid
             else:
                 hi = mid - 1
@@ -507,9 +521,9 @@ class PrefixProbe:
         if not self.incremental:
             return
         hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
-        last_key = make_block_hash_with_group_id(hashes[blocks - 1], 0) if blocks else None
+        last_key = hashes[blocks - 1] + _GROUP0_SUFFIX if blocks else None
         can_grow = blocks < min(hit.cap, len(hashes))
-        next_key = make_block_hash_with_group_id(hashes[blocks], 0) if can_grow else None
+        next_key = hashes[blocks] + _GROUP0_SUFFIX if can_grow else None
         if hit.slot < 0:
             hit.next_key, hit.last_key = next_key, last_key
             return
