@@ -474,14 +474,7 @@ class PrefixProbe:
         # prefix-closed here (see the module docstring), so "block i is cached" is monotone in i.
         cache = self._cache
         assert cache is not None
-        lo, hi = 0, min(hit.cap, len(hashes))
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] + _GROUP0_SUFFIX in cache:
-                lo = mid
-            else:
-                hi = mid - 1
-        self._set(hit, lo)
+        self._set(hit, _cached_prefix(cache, hashes, 0, min(hit.cap, len(hashes))))
 
     def _extend(self, hit: _Hit) -> None:
         """Probe forward from the memoized length: the hit grew since the last step.
@@ -495,23 +488,15 @@ class PrefixProbe:
         limit = min(hit.cap, len(hashes))
         cache = self._cache
         assert cache is not None
-        lo, step = hit.blocks, 1  # blocks [0, lo) cached
-        hi = limit  # blocks [hi, limit) not cached, or hi == limit
+        lo, hi, step = hit.blocks, limit, 1  # the hit ends in [lo, hi]
         while lo < hi:
             probe = min(lo + step, hi)  # is block probe - 1 cached?
-            if hashes[probe - 1] + _GROUP0_SUFFIX in cache:
-                lo = probe
-                step *= 2
-            else:
+            if hashes[probe - 1] + _GROUP0_SUFFIX not in cache:
                 hi = probe - 1
                 break
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] + _GROUP0_SUFFIX in cache:
-                lo = mid
-            else:
-                hi = mid - 1
-        self._set(hit, lo)
+            lo = probe
+            step *= 2
+        self._set(hit, _cached_prefix(cache, hashes, lo, hi))
 
     def _set(self, hit: _Hit, blocks: int, tokens: int | None = None) -> None:
         """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
@@ -853,6 +838,18 @@ class PrefixProbe:
 
     def __len__(self) -> int:
         return len(self._slot_of)
+
+
+def _cached_prefix(cache: dict[bytes, Any], hashes: Sequence[bytes], lo: int, hi: int) -> int:
+    """The hit's length in blocks, known to lie in [lo, hi]: a binary search, valid because the
+    cached blocks of a chain are prefix-closed (block i cached means blocks 0..i are)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] + _GROUP0_SUFFIX in cache:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _arrival_of(hit: _Hit) -> float:
