@@ -77,13 +77,12 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
     views: list[PrefillingRequest] = []
     decode_tokens = 0
     for request in scheduler.running:  # vLLM internal: Scheduler.running
-        # `_in_prefill`, inlined: this loop runs over every running request each step
-        # vLLM internal: Request.is_prefill_chunk / num_tokens / num_computed_tokens
-        if request.is_prefill_chunk and (total := request.num_tokens) > (
-            done := request.num_computed_tokens
-        ):
+        if _in_prefill(request):
+            left = request.num_tokens - request.num_computed_tokens  # vLLM internal
             views.append(
-                PrefillingRequest(request.request_id, request.arrival_time, total - done, total)
+                PrefillingRequest(
+                    request.request_id, request.arrival_time, left, request.num_tokens
+                )
             )
         else:
             # vLLM internal: Request.num_tokens_with_spec / num_output_placeholders
