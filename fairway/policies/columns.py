@@ -114,18 +114,56 @@ def head_order_of(policy: Any, cols: QueueColumns, now: float, head: int) -> Any
 
 def check_permutation(order: Any, n: int) -> np.ndarray:
     """`order` as an intp array if it is a permutation of range(n), else ValueError."""
+    return check_order(order, n)[0]
+
+
+def check_order(order: Any, n: int) -> tuple[np.ndarray, int]:
+    """`order` as an intp array if it is a permutation of range(n), else ValueError; and t, the
+    number of rows it moves to the front: `order[t:]` ascends, so the new queue is the rows
+    `order[:t]`, then every other row in its current order (the shape of an `order_head` result;
+    0: the identity).
+
+    Such a head-shaped order is checked without an n-sized mask: its tail ascends strictly (so its
+    rows are distinct and in range when its ends are), and its head (t rows, sorted) must be
+    distinct, in range and absent from the tail, found by a binary search: two n-sized passes
+    and O(t log n) instead of the mask's six.
+    """
     arr = np.asarray(order)
     if arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):
         raise ValueError(f"expected {n} integer indices, got shape {arr.shape} of {arr.dtype}")
     if n == 0:
-        return arr.astype(np.intp)
+        return arr.astype(np.intp), 0
+    breaks = np.flatnonzero(arr[1:] <= arr[:-1])  # where the order does not ascend strictly
+    moved = int(breaks[-1]) + 1 if len(breaks) else 0
+    if moved > max(_SHORT_HEAD, n // 8):
+        _check_by_mask(arr, n)
+    else:
+        tail = arr[moved:]  # ascends strictly: distinct, within [tail[0], tail[-1]]
+        head = np.sort(arr[:moved])
+        lowest = min(tail[0], head[0]) if moved else tail[0]
+        highest = max(tail[-1], head[-1]) if moved else tail[-1]
+        if lowest < 0 or highest >= n:
+            raise ValueError(f"indices out of range({n})")
+        if moved and (
+            (head[1:] == head[:-1]).any()
+            or (tail[np.minimum(np.searchsorted(tail, head), len(tail) - 1)] == head).any()
+        ):
+            raise ValueError("an index appears twice")
+    return arr.astype(np.intp, copy=False), moved
+
+
+#: `check_order` checks a head of up to max(this, n / 8) rows by sorting it (else by a mask).
+_SHORT_HEAD = 64
+
+
+def _check_by_mask(arr: np.ndarray, n: int) -> None:
+    """ValueError unless the n integers in `arr` are a permutation of range(n)."""
     if arr.min() < 0 or arr.max() >= n:
         raise ValueError(f"indices out of range({n})")
     seen = np.zeros(n, dtype=bool)
     seen[arr] = True
     if not seen.all():
         raise ValueError("an index appears twice")
-    return arr.astype(np.intp, copy=False)
 
 
 class KeyedState:

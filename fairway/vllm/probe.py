@@ -12,10 +12,12 @@ memoizes per request the hash keys of those two blocks and indexes the requests 
 checks (a) with one C-level set difference against the block pool's hash map, (b) by looking up
 only the keys cached since the last step (the hash map is an insertion-ordered dict; see
 `PrefixProbe._grown_keys`), and does Python work only for the requests whose hit changed. A new
-request (or one whose tail was evicted) is looked up from scratch by a binary search over its block
-hashes; new requests are looked up at most `probe_budget` per step, oldest first (a burst is
-spread over steps and its requests are ordered as misses until probed). The queue's fields live in
-numpy columns by row (`QueueColumns`), so the policies order arrays, not per-request Python objects.
+request (or one whose tail was evicted) is looked up by a search over its block hashes that
+gallops from a likely length (the memo's minus one; for a new request the last hit of a request
+with the same first block); new requests are looked up at most `probe_budget` per step, oldest
+first (a burst is spread over steps and its requests are ordered as misses until probed). The
+queue's fields live in numpy columns by row (`QueueColumns`), so the policies order arrays, not
+per-request Python objects.
 
 Why checking the last block suffices (full-attention, single KV-cache group, the only mode the
 incremental path is used in): vLLM frees a request's blocks tail first and appends them to the LRU
@@ -227,6 +229,8 @@ _MAX_HEAD = 256
 #: Steps after which `advance()` checks every waiting request's next block against the cache
 #: even when the walk over the newly cached keys proved that nothing else was cached.
 FULL_CHECK_EVERY = 32
+#: Most first-block hints `PrefixProbe._lookup` keeps (cleared when full: they are only guesses).
+_MAX_HINTS = 4_096
 #: Keys `_grown_keys` reads from the hash map's end at a time.
 _WALK_CHUNK = 256
 _request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
@@ -302,8 +306,9 @@ class PrefixProbe:
     in the next-block index per key cached since the last step (growth; every next key is checked
     by one C-level intersection every `FULL_CHECK_EVERY` steps), one C-level difference of the
     distinct chain-tail keys with the hash map (eviction), and Python work only for the requests
-    whose hit changed. A new request costs one lookup: a binary search over its block hashes
-    (~log2(blocks) hash-map reads), valid because the cached blocks of a chain are prefix-closed in
+    whose hit changed. A new request costs one lookup: a search over its block hashes from the
+    hit last found for its first block (1-2 hash-map reads when they share the prefix, at most
+    ~2 log2(blocks) otherwise), valid because the cached blocks of a chain are prefix-closed in
     that mode. At most `probe_budget` new requests are looked up per step, oldest first.
     """
 
@@ -349,6 +354,8 @@ class PrefixProbe:
         self._newest: tuple[bytes | None, Any, bytes | None] = (None, None, None)
         self._since_full = 0
         self._by_last: dict[bytes, set[_Hit]] = {}
+        #: First block hash -> the hit length (blocks) last found for a request starting with it.
+        self._hints: dict[bytes, int] = {}
         # The last arranged queue, its rows, and the requests noted since (see `_match`).
         self._last_queue: list[Request] | None = None
         self._last_slots = np.zeros(0, dtype=np.intp)
@@ -450,7 +457,7 @@ class PrefixProbe:
         """The steady-state checks of one memo (the batch version is in `_refresh`)."""
         cache_get = self._cache_get
         if hit.last_key is not None and cache_get(hit.last_key) is None:
-            self._lookup(hit)
+            self._lookup(hit, evicted=True)
         elif hit.next_key is not None and cache_get(hit.next_key) is not None:
             self._extend(hit)
 
@@ -460,8 +467,16 @@ class PrefixProbe:
             return  # vLLM skips the lookup for this request (prompt logprobs, pooling): h = 0
         self._lookup(hit)
 
-    def _lookup(self, hit: _Hit) -> None:
-        """From-scratch lookup (new request, or its chain's tail was evicted)."""
+    def _lookup(self, hit: _Hit, evicted: bool = False) -> None:
+        """From-scratch lookup of a new request, or of one whose chain's tail was evicted
+        (`evicted`: the hit is now shorter than its memo).
+
+        The cached blocks of a chain are prefix-closed (see the module docstring), so "block i
+        is cached" is monotone in i and the hit's end is found by galloping from a likely length
+        (`_cached_prefix_near`): the memo's length minus one after an eviction (the tail block
+        goes first), or for a new request the length last found for a request with the same
+        first block (`_hints`: shared system prompts and documents); a few hash-map reads when
+        the guess is close, instead of a binary search over the whole prompt (~log2(blocks))."""
         self.num_full_lookups += 1
         hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
         if not self.incremental:
@@ -470,33 +485,44 @@ class PrefixProbe:
             )
             self._set(hit, int(result[1]) // self.block_size, int(result[1]))
             return
-        # Binary search for the longest cached prefix: the cached blocks of a chain are
-        # prefix-closed here (see the module docstring), so "block i is cached" is monotone in i.
         cache = self._cache
         assert cache is not None
-        self._set(hit, _cached_prefix(cache, hashes, 0, min(hit.cap, len(hashes))))
+        limit = min(hit.cap, len(hashes))
+        if evicted:
+            limit = min(limit, hit.blocks - 1)
+            blocks = _cached_prefix_near(cache, hashes, limit, limit)
+        elif limit:
+            hints = self._hints
+            blocks = _cached_prefix_near(cache, hashes, min(hints.get(hashes[0], 0), limit), limit)
+            if len(hints) >= _MAX_HINTS:
+                hints.clear()
+            hints[hashes[0]] = blocks
+        else:
+            blocks = 0
+        self._set(hit, blocks)
+
+    def _shrink(self, group: list[_Hit]) -> None:
+        """Re-look up the hits whose chain tail (one hash key) was evicted: the key is a chain
+        hash, so they share every block up to it and their new hit is the same: one search."""
+        if not group:
+            return
+        first, *others = group
+        self._lookup(first, evicted=True)
+        for hit in others:
+            self._set(hit, first.blocks)
 
     def _extend(self, hit: _Hit) -> None:
         """Probe forward from the memoized length: the hit grew since the last step.
 
-        Block `hit.blocks` is cached (that is why it is extended). The cached blocks of a chain
-        are prefix-closed (see `_lookup`), so the new end is found by galloping: probe 1, 2, 4,
-        ... blocks further until one is missing, then a binary search in the last gap; O(log g)
-        hash-map reads for a growth of g blocks (a re-cached 8k-token prefix is 512 blocks)."""
+        Block `hit.blocks` is cached (that is why it is extended), so the new end is found by
+        galloping up from there (`_cached_prefix_near`): O(log g) hash-map reads for a growth of
+        g blocks (a re-cached 8k-token prefix is 512 blocks)."""
         self.num_extensions += 1
         hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
-        limit = min(hit.cap, len(hashes))
         cache = self._cache
         assert cache is not None
-        lo, hi, step = hit.blocks, limit, 1  # the hit ends in [lo, hi]
-        while lo < hi:
-            probe = min(lo + step, hi)  # is block probe - 1 cached?
-            if hashes[probe - 1] + _GROUP0_SUFFIX not in cache:
-                hi = probe - 1
-                break
-            lo = probe
-            step *= 2
-        self._set(hit, _cached_prefix(cache, hashes, lo, hi))
+        limit = min(hit.cap, len(hashes))
+        self._set(hit, _cached_prefix_near(cache, hashes, hit.blocks, limit, at_least=True))
 
     def _set(self, hit: _Hit, blocks: int, tokens: int | None = None) -> None:
         """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
@@ -570,21 +596,28 @@ class PrefixProbe:
             snap.work_max, snap.work_min = int(work.max()), int(work.min())
         return snap
 
-    def arrange(self, snap: QueueSnapshot, order: np.ndarray) -> list[Request]:
+    def arrange(
+        self, snap: QueueSnapshot, order: np.ndarray, moved: int | None = None
+    ) -> list[Request]:
         """The new queue: fixed, then the ordered requests in `order`, then oversized.
 
-        Returns `snap.current` itself (no rebuild needed) when that is already the new order. The
-        result is remembered, so that the next `snapshot` can find the rows of an unchanged queue
-        by one C-level list comparison instead of a dict lookup per request.
+        `moved`: the rows `order` moves to the front (`check_order`), if known. Returns
+        `snap.current` itself (no rebuild needed) when that is already the new order. The result
+        is remembered, so that the next `snapshot` can find the rows of an unchanged queue by one
+        C-level list comparison instead of a dict lookup per request.
         """
         parts = [snap.ordered_slots[order]]
         special = len(snap.fixed_slots) or len(snap.oversized_slots)
         if special:
             parts = [snap.fixed_slots, parts[0], snap.oversized_slots]
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        # without fixed or oversized requests, row i is `current[i]`
-        moved = None if special else _moved_to_front(order)
-        if moved == 0 or np.array_equal(slots, snap.slots):
+        # without fixed or oversized requests, row i is `current[i]`, and an order that moves a
+        # row (moved > 0) is not the identity: the queue changes
+        if special:
+            moved = None
+        elif moved is None:
+            moved = _moved_to_front(order)
+        if moved == 0 or (moved is None and np.array_equal(slots, snap.slots)):
             queue = snap.current
         elif moved is not None and moved <= _MAX_MOVED:  # a few rows moved to the front
             queue = _move_to_front(snap.current, order[:moved].tolist())
@@ -654,8 +687,7 @@ class PrefixProbe:
         by_last = self._by_last
         if by_last:
             for key in set(by_last).difference(cache):  # chain tails that were evicted
-                for hit in list(by_last.get(key, ())):
-                    self._lookup(hit)
+                self._shrink(list(by_last.get(key, ())))
         by_next = self._by_next
         if by_next:
             for key in self._grown_keys(cache, by_next):  # next blocks that got cached
@@ -813,6 +845,7 @@ class PrefixProbe:
         self._bind()
         self._by_next.clear()
         self._by_last.clear()
+        self._hints.clear()
         self._newest = (None, None, None)
         for hit in self._hits:
             if hit is not None and hit.probed and self._kind[hit.slot] != _OVERSIZED:
@@ -838,6 +871,35 @@ class PrefixProbe:
 
     def __len__(self) -> int:
         return len(self._slot_of)
+
+
+def _cached_prefix_near(
+    cache: dict[bytes, Any], hashes: Sequence[bytes], guess: int, hi: int, at_least: bool = False
+) -> int:
+    """The hit's length in blocks, known to lie in [0, hi], found by galloping from `guess` (a
+    likely length, 0 <= guess <= hi; `at_least`: known to be cached) away from it by 1, 2, 4, ...
+    blocks until the end is passed, then a binary search in the last gap (`_cached_prefix`):
+    O(log d) hash-map reads for an end d blocks from the guess, 1-2 when the guess is right."""
+    lo = 0
+    if not at_least and guess and hashes[guess - 1] + _GROUP0_SUFFIX not in cache:
+        hi, step = guess - 1, 1  # shorter than the guess: gallop down
+        while lo < hi:
+            probe = max(lo + 1, hi - step + 1)  # is a hit of `probe` blocks cached?
+            if hashes[probe - 1] + _GROUP0_SUFFIX in cache:
+                lo = probe
+                break
+            hi = probe - 1
+            step *= 2
+    else:
+        lo, step = guess, 1  # at least the guess: gallop up
+        while lo < hi:
+            probe = min(lo + step, hi)
+            if hashes[probe - 1] + _GROUP0_SUFFIX not in cache:
+                hi = probe - 1
+                break
+            lo = probe
+            step *= 2
+    return _cached_prefix(cache, hashes, lo, hi)
 
 
 def _cached_prefix(cache: dict[bytes, Any], hashes: Sequence[bytes], lo: int, hi: int) -> int:

@@ -31,7 +31,7 @@ import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.options import FairwayOptions
 from fairway.policies.base import UNPLACED_LANE
-from fairway.policies.columns import QueueColumns, check_permutation, head_order_of
+from fairway.policies.columns import QueueColumns, check_order, head_order_of
 from fairway.vllm import observe, plugin, probe, protect, share
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
@@ -257,14 +257,14 @@ class FairwaySchedulerMixin:
         else:
             raw = []
         try:
-            order = check_permutation(raw, n)
+            order, moved = check_order(raw, n)
         except ValueError as exc:
             raise PolicyOrderError(
                 f"policy {self.fairway_options.policy!r} did not return a permutation of "
                 f"range({n}): {exc}"
             ) from None
         self.fairway_probe.mark_given(cols)
-        queue = self.fairway_probe.arrange(snap, order)
+        queue = self.fairway_probe.arrange(snap, order, moved)
         for request in snap.oversized:
             self._fairway_reject(request)
         lanes = getattr(self.fairway_policy, "last_lanes", None)

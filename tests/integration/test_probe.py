@@ -366,3 +366,85 @@ def test_a_long_growth_in_one_step_ends_where_the_chain_ends(offline, helpers, s
     assert "W" in helpers.queue_ids(sched)
     assert probe.num_extensions == before + 1
     assert _lookups(sched, sched.requests["W"]) == (16 * shared_blocks,) * 3
+
+
+class _CountingCache(dict):
+    """A hash map that counts membership reads (the probe's cost unit)."""
+
+    reads = 0
+
+    def __contains__(self, key: object) -> bool:
+        self.reads += 1
+        return super().__contains__(key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), hi=st.integers(0, 600))
+def test_a_search_from_any_guess_finds_the_cached_prefix(data, hi):
+    """`_cached_prefix_near` returns the cached prefix's length whatever the guess (1-2 reads
+    when it is right, O(log distance) otherwise); `at_least` trusts a guess known cached."""
+    from fairway.vllm.probe import _GROUP0_SUFFIX, _cached_prefix_near
+
+    length = data.draw(st.integers(0, hi), label="cached blocks")
+    guess = data.draw(st.integers(0, hi), label="guess")
+    hashes = [i.to_bytes(4, "big") for i in range(hi + 5)]
+    cache = _CountingCache({h + _GROUP0_SUFFIX: None for h in hashes[:length]})
+    assert _cached_prefix_near(cache, hashes, guess, hi) == length
+    distance = abs(length - guess)
+    assert cache.reads <= (2 if distance == 0 else 4 * distance.bit_length() + 2)
+    if guess <= length:
+        assert _cached_prefix_near(cache, hashes, guess, hi, at_least=True) == length
+
+
+def test_a_new_request_is_looked_up_from_the_hit_of_its_first_block(offline, helpers):
+    """Requests sharing a first block share the hint of the last one's hit length; a hint that
+    is too long or too short still gives vLLM's own result."""
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=300, max_num_batched_tokens=2_048, max_num_seqs=1
+    )
+    prefix = helpers.tokens(1, 640)  # 40 blocks
+    sched.add_request(offline.make_request("P", prefix[:320], 1.0))  # caches 20 blocks
+    offline.run_until_idle(sched)
+    probe = sched.fairway_probe
+    cases = [("A", prefix[:320] + helpers.tokens(7_000, 40), 320), ("B", prefix[:128] +
+             helpers.tokens(8_000, 40), 128), ("C", prefix[:320] + helpers.tokens(9_000, 16), 320)]
+    for name, prompt, expected in cases:
+        request = offline.make_request(name, prompt, 2.0)
+        sched.add_request(request)
+        assert _lookups(sched, request) == (expected,) * 3, name
+    # the hint is keyed by the first block and holds the last hit found (C's)
+    assert probe._hints[sched.requests["C"].block_hashes[0]] == 20
+
+
+def test_requests_on_one_evicted_chain_are_looked_up_once(offline, helpers):
+    """Three waiting requests share a cached prefix that is evicted tail first: each eviction
+    costs one search for all three (their chain hashes are the same up to the tail), and every
+    memo still equals vLLM's own lookup."""
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=26, max_num_batched_tokens=512, max_num_seqs=1
+    )
+    prefix = helpers.tokens(1, 320)  # 20 blocks
+    sched.add_request(offline.make_request("P", prefix, 1.0))
+    offline.run_until_idle(sched)
+    sched.add_request(offline.make_request("R", helpers.tokens(9_000, 16), 2.0, max_tokens=400))
+    offline.step(sched)
+    names = ("W1", "W2", "W3")
+    for k, name in enumerate(names):
+        prompt = prefix + helpers.tokens(5_000 + 100 * k, 40)
+        sched.add_request(offline.make_request(name, prompt, 3.0 + k))
+    probe = sched.fairway_probe
+    offline.step(sched)  # the three are probed (looked up once each)
+    shrinks = 0
+    for _ in range(260):
+        before = [probe.known_cached_tokens(sched.requests[n]) for n in names]
+        offline.step(sched)
+        lookups = probe.num_full_lookups
+        probe.advance()  # what the next step's pre-pass does first
+        after = [probe.known_cached_tokens(sched.requests[n]) for n in names]
+        for name, hit in zip(names, after, strict=True):
+            assert hit == probe.fresh_cached_tokens(sched.requests[name]), name
+        assert len(set(after)) == 1
+        if after != before:
+            shrinks += 1
+            assert probe.num_full_lookups == lookups + 1
+    assert shrinks >= 10 and after[0] < 320

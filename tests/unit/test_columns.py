@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairway.policies import QueuedRequest, get, names
-from fairway.policies.columns import KeyedState, QueueColumns, check_permutation, order_of
+from fairway.policies.columns import (
+    KeyedState,
+    QueueColumns,
+    check_order,
+    check_permutation,
+    order_of,
+)
 
 
 class _Keys:
@@ -116,6 +122,47 @@ def test_check_permutation_accepts() -> None:
     assert check_permutation([2, 0, 1], 3).tolist() == [2, 0, 1]
     assert check_permutation(np.array([1, 0], dtype=np.int32), 2).tolist() == [1, 0]
     assert check_permutation([], 0).tolist() == []
+
+
+@st.composite
+def _head_shaped(draw: st.DrawFn) -> tuple[list[int], int]:
+    """An order of the `order_head` shape (some rows first, the rest ascending), maybe spoiled
+    by one entry overwritten with a duplicate or an out-of-range index; and n."""
+    n = draw(st.integers(1, 300))
+    head = draw(st.lists(st.integers(0, n - 1), unique=True, max_size=min(n, 90)))
+    rest = sorted(set(range(n)) - set(head))
+    order = head + rest
+    if draw(st.booleans()):
+        at = draw(st.integers(0, n - 1))
+        order[at] = draw(st.sampled_from([-1, n, n + 5, *order]))
+    return order, n
+
+
+@given(_head_shaped())
+@settings(max_examples=400, deadline=None)
+def test_check_order_agrees_with_a_set_of_the_indices(case: tuple[list[int], int]) -> None:
+    """The head-shaped fast path accepts exactly the permutations (the set says which) and
+    reports how many rows the order moves to the front (`order[t:]` ascends, t smallest)."""
+    order, n = case
+    if sorted(order) == list(range(n)):
+        got, moved = check_order(order, n)
+        assert got.tolist() == order
+        assert order[moved:] == sorted(order[moved:])
+        assert moved == 0 or order[moved - 1] > order[moved]
+    else:
+        with pytest.raises(ValueError):
+            check_order(order, n)
+
+
+def test_check_order_checks_a_long_head_by_mask() -> None:
+    """A head past the sorted check's length (a full shuffle) is checked, and counted, too."""
+    order = np.random.default_rng(0).permutation(1_000)
+    got, moved = check_order(order, 1_000)
+    assert got.tolist() == order.tolist() and moved > 125
+    spoiled = order.copy()
+    spoiled[0] = spoiled[1]
+    with pytest.raises(ValueError, match="twice"):
+        check_order(spoiled, 1_000)
 
 
 def test_keyed_state_grows_and_keeps_values() -> None:
