@@ -234,8 +234,11 @@ _MAX_HINTS = 4_096
 #: Keys `_grown_keys` reads from the hash map's end at a time.
 _WALK_CHUNK = 256
 _request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
-#: `arrange` rebuilds the queue by list slices when at most this many rows moved to the front.
-_MAX_MOVED = 1_024
+#: `arrange` rebuilds the queue by list slices (one per moved row) when at most
+#: max(_MIN_MOVED, n / _MOVED_SHARE) rows moved to the front, else by one gather of all n rows:
+#: measured on CPython 3.11 and numpy 2, the two cost the same near n / 20 moved rows.
+_MIN_MOVED = 8
+_MOVED_SHARE = 20
 
 
 def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any) -> list[str]:
@@ -619,7 +622,7 @@ class PrefixProbe:
             moved = _moved_to_front(order)
         if moved == 0 or (moved is None and np.array_equal(slots, snap.slots)):
             queue = snap.current
-        elif moved is not None and moved <= _MAX_MOVED:  # a few rows moved to the front
+        elif moved is not None and moved <= max(_MIN_MOVED, len(slots) // _MOVED_SHARE):
             queue = _move_to_front(snap.current, order[:moved].tolist())
         else:
             queue = self._request_of[slots].tolist()
