@@ -366,7 +366,16 @@ def _step_head(
     `_fast_prefix`): vLLM's scan can start no more than `free` of them; and the largest demand
     of every other row but the front, asked for lazily (`_largest_past`)."""
     head = max(0, free)
-    return list(map(int, work[:head])), _largest_past(all_work, rest[:head], front)
+    if head > _MANY_SLOTS:  # many free slots (a large max_num_seqs): convert in numpy
+        demands = all_work[rest[:head]].astype(np.int64).tolist()
+    else:
+        demands = list(map(int, work[:head]))
+    return demands, _largest_past(all_work, rest[:head], front)
+
+
+#: `_step_head` converts the demands of more free slots than this in numpy (same ints: positive
+#: whole floats below 2**53 truncate alike).
+_MANY_SLOTS = 16
 
 
 def _largest_past(work: np.ndarray, head: np.ndarray, front: int | None) -> Callable[[], int]:
