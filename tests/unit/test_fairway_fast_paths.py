@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fairway.policies import get
 from fairway.policies.base import PrefillingRequest
-from fairway.policies.fairway import _covering, _Lane, _others, _score_rows
+from fairway.policies.fairway import _covering, _Lane, _others, _score_rows, _step_head
 from fairway.policies.fairway_step import _by_lane_keys, _Columns, _lane_head, _lane_top, _top
 from fairway.profiling.table import from_points
 
@@ -132,3 +132,20 @@ def test_score_rows_equal_the_gathered_columns(n, data) -> None:
     cols = _Columns(arrival, np.zeros(n), np.zeros(n), np.ones(n))
     got = _score_rows(_Lane(cols, scores, rows, []), rows)
     assert (_bits(got[0]), _bits(got[1])) == (_bits(scores[rows]), _bits(arrival[rows]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    demands=st.lists(st.integers(1, 2**40), min_size=1, max_size=300),
+    free=st.integers(0, 320),
+    data=st.data(),
+)
+def test_step_head_demands_equal_the_per_element_ints(demands, free, data) -> None:
+    """The step head's demands, converted in numpy when many slots are free, are the ints of the
+    lane's work list (what every slot count converted element by element before)."""
+    all_work = np.array(demands, dtype=np.float64)
+    rest = np.array(data.draw(st.permutations(range(len(demands)))), dtype=np.intp)
+    work = all_work[rest].tolist()
+    got, _ = _step_head(work, free, rest, all_work, None)
+    assert got == [int(w) for w in work[: max(0, free)]]
+    assert all(type(d) is int for d in got)
