@@ -55,3 +55,22 @@ def test_the_goal_is_judged_on_fairways_own_median():
     assert bench.goal_met(row) == "no"
     assert bench.goal_met(bench.ArmResult("fairway", "burst", 10_000, 1.0, 1.0)) == "-"
     assert bench.goal_met(bench.ArmResult("vllm", "admit", 1_000, 1.0, 1.0)) == "-"
+
+
+def test_the_speed_view_scales_own_times_by_vllms_admitting_step():
+    """A run where vLLM's own admitting step at 1,000 waiting took 2.8 ms ran 2x slower than the
+    issue's 1.4 ms: Fairway's own times at 1,000 waiting are halved in the second view; without
+    that vLLM row there is no view."""
+    bench = _load()
+    rows = [
+        bench.ArmResult("vllm", "admit", 1_000, 2.8, 3.0),
+        bench.ArmResult("fairway", "admit", 1_000, 4.0, 5.0, own_median_ms=1.2),
+        bench.ArmResult("fairway", "busy", 1_000, 1.0, 1.2, own_median_ms=0.8),
+        bench.ArmResult("fairway", "admit", 10_000, 9.0, 9.0, own_median_ms=3.0),
+    ]
+    speed = bench.speed_scaled(rows)
+    assert speed["scale"] == 0.5
+    assert speed["own_1000_scaled_ms"] == {"fairway admit": 0.6, "fairway busy": 0.4}
+    line = bench.speed_line(speed)
+    assert "2.800 ms here" in line and "fairway admit 0.600" in line
+    assert bench.speed_scaled(rows[1:]) is None
