@@ -253,13 +253,6 @@ def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any
     return [current[i].request_id for i in index.tolist()]  # vLLM internal: Request.request_id
 
 
-def _moved_to_front(order: np.ndarray) -> int:
-    """t such that `order[t:]` ascends: the new order is rows `order[:t]`, then every other row
-    in its current order (the shape of an `order_head` result)."""
-    descents = np.flatnonzero(order[1:] < order[:-1])
-    return int(descents[-1]) + 1 if len(descents) else 0
-
-
 def _move_to_front(current: list[Request], rows: list[int]) -> list[Request]:
     """`current` with the requests at `rows` moved to the front, in that order: C-level list
     slices between the moved positions instead of one Python object per request."""
@@ -599,12 +592,10 @@ class PrefixProbe:
             snap.work_max, snap.work_min = int(work.max()), int(work.min())
         return snap
 
-    def arrange(
-        self, snap: QueueSnapshot, order: np.ndarray, moved: int | None = None
-    ) -> list[Request]:
+    def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
         """The new queue: fixed, then the ordered requests in `order`, then oversized.
 
-        `moved`: the rows `order` moves to the front (`check_order`), if known. Returns
+        `order` and `moved` as `check_order` returns them: `order[moved:]` ascends. Returns
         `snap.current` itself (no rebuild needed) when that is already the new order. The result
         is remembered, so that the next `snapshot` can find the rows of an unchanged queue by one
         C-level list comparison instead of a dict lookup per request.
@@ -616,13 +607,9 @@ class PrefixProbe:
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
         # without fixed or oversized requests, row i is `current[i]`, and an order that moves a
         # row (moved > 0) is not the identity: the queue changes
-        if special:
-            moved = None
-        elif moved is None:
-            moved = _moved_to_front(order)
-        if moved == 0 or (moved is None and np.array_equal(slots, snap.slots)):
+        if (np.array_equal(slots, snap.slots) if special else moved == 0):
             queue = snap.current
-        elif moved is not None and moved <= max(_MIN_MOVED, len(slots) // _MOVED_SHARE):
+        elif not special and moved <= max(_MIN_MOVED, len(slots) // _MOVED_SHARE):
             queue = _move_to_front(snap.current, order[:moved].tolist())
         else:
             queue = self._request_of[slots].tolist()

@@ -46,17 +46,23 @@ def test_hit_grows_while_the_prefix_is_prefilled(offline, helpers):
     assert sched.fairway_probe.num_full_lookups == 2  # S and W once each; the rest incremental
 
 
-def test_hit_shrinks_as_the_prefix_is_evicted(offline, helpers):
-    """A decoding request eats the free queue; the cached chain goes tail first."""
+def _evicting_node(offline, helpers):
+    """A node with a cached 20-block prefix (returned) and one slot, held by R, a long decode
+    that eats the free queue: the prefix is evicted tail first, and no waiting request starts."""
     sched = offline.make_offline_scheduler(
         "lpm", num_blocks=26, max_num_batched_tokens=512, max_num_seqs=1
     )
     prefix = helpers.tokens(1, 320)  # 20 blocks
     sched.add_request(offline.make_request("P", prefix, 1.0))
     offline.run_until_idle(sched)
-    # R holds the only running slot and decodes for a long time; W can never be admitted.
     sched.add_request(offline.make_request("R", helpers.tokens(9_000, 16), 2.0, max_tokens=400))
     offline.step(sched)
+    return sched, prefix
+
+
+def test_hit_shrinks_as_the_prefix_is_evicted(offline, helpers):
+    """A decoding request eats the free queue; the cached chain goes tail first."""
+    sched, prefix = _evicting_node(offline, helpers)
     sched.add_request(offline.make_request("W", prefix + helpers.tokens(5_000, 40), 3.0))
     history = []
     for _ in range(260):
@@ -334,13 +340,14 @@ def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(off
 @given(data=st.data(), n=st.integers(0, 60))
 def test_moving_a_head_to_the_front_equals_the_permutation(data, n):
     """`arrange`'s list-slice path builds the same queue as indexing by the whole order."""
-    from fairway.vllm.probe import _move_to_front, _moved_to_front
+    from fairway.policies.columns import check_order
+    from fairway.vllm.probe import _move_to_front
 
     head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
     head = [i for i in head if i < n]
     order = np.array(head + sorted(set(range(n)) - set(head)), dtype=np.intp)
     current = [object() for _ in range(n)]
-    moved = _moved_to_front(order)
+    order, moved = check_order(order, n)
     assert moved <= len(head) and sorted(order[moved:].tolist()) == order[moved:].tolist()
     assert _move_to_front(current, order[:moved].tolist()) == [current[i] for i in order]
 
@@ -420,14 +427,7 @@ def test_requests_on_one_evicted_chain_are_looked_up_once(offline, helpers):
     """Three waiting requests share a cached prefix that is evicted tail first: each eviction
     costs one search for all three (their chain hashes are the same up to the tail), and every
     memo still equals vLLM's own lookup."""
-    sched = offline.make_offline_scheduler(
-        "lpm", num_blocks=26, max_num_batched_tokens=512, max_num_seqs=1
-    )
-    prefix = helpers.tokens(1, 320)  # 20 blocks
-    sched.add_request(offline.make_request("P", prefix, 1.0))
-    offline.run_until_idle(sched)
-    sched.add_request(offline.make_request("R", helpers.tokens(9_000, 16), 2.0, max_tokens=400))
-    offline.step(sched)
+    sched, prefix = _evicting_node(offline, helpers)
     names = ("W1", "W2", "W3")
     for k, name in enumerate(names):
         prompt = prefix + helpers.tokens(5_000 + 100 * k, 40)
