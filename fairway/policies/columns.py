@@ -124,8 +124,8 @@ def check_order(order: Any, n: int) -> tuple[np.ndarray, int]:
     0: the identity).
 
     Such a head-shaped order is checked without an n-sized mask: its tail ascends strictly (so its
-    rows are distinct and in range when its ends are), and its head (t rows, sorted) must be
-    distinct, in range and absent from the tail, found by a binary search: two n-sized passes
+    rows are distinct and in range when its ends are), and its head (t rows, as Python ints) must
+    be distinct, in range and absent from the tail, found by a binary search: two n-sized passes
     and O(t log n) instead of the mask's six.
     """
     arr = np.asarray(order)
@@ -137,22 +137,25 @@ def check_order(order: Any, n: int) -> tuple[np.ndarray, int]:
     moved = int(breaks[-1]) + 1 if len(breaks) else 0
     if moved > max(_SHORT_HEAD, n // 8):
         _check_by_mask(arr, n)
-    else:
-        tail = arr[moved:]  # ascends strictly: distinct, within [tail[0], tail[-1]]
-        head = np.sort(arr[:moved])
-        lowest = min(tail[0], head[0]) if moved else tail[0]
-        highest = max(tail[-1], head[-1]) if moved else tail[-1]
-        if lowest < 0 or highest >= n:
-            raise ValueError(f"indices out of range({n})")
-        if moved and (
-            (head[1:] == head[:-1]).any()
-            or (tail[np.minimum(np.searchsorted(tail, head), len(tail) - 1)] == head).any()
-        ):
+        return arr.astype(np.intp, copy=False), moved
+    # the tail ascends strictly: distinct, within its ends; the head's few rows in Python ints
+    lowest, highest = arr.item(moved), arr.item(n - 1)
+    head = arr[:moved].tolist() if moved else []
+    if head:
+        lowest, highest = min(lowest, min(head)), max(highest, max(head))
+    if lowest < 0 or highest >= n:
+        raise ValueError(f"indices out of range({n})")
+    if head:
+        if len(set(head)) < moved:
+            raise ValueError("an index appears twice")
+        tail, rows = arr[moved:], arr[:moved]
+        found = tail[np.minimum(tail.searchsorted(rows), len(tail) - 1)]
+        if (found == rows).any():
             raise ValueError("an index appears twice")
     return arr.astype(np.intp, copy=False), moved
 
 
-#: `check_order` checks a head of up to max(this, n / 8) rows by sorting it (else by a mask).
+#: `check_order` checks a head of up to max(this, n / 8) rows one by one (else by a mask).
 _SHORT_HEAD = 64
 
 

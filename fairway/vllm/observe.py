@@ -38,6 +38,7 @@ class StepObserver:
         self.trace = trace
         #: Admitted requests still waiting for their first token: id -> (request, cache label).
         self._pending: dict[str, tuple[Request, str]] = {}
+        self._updates = 0  # since the last check of every pending request
 
     def after_schedule(self, output: SchedulerOutput, placed: Any) -> None:
         """After vLLM's step: queue times of first admissions; a trace record. Never raises."""
@@ -61,21 +62,40 @@ class StepObserver:
             sched._fairway_fallback(exc, "recording queue metrics / the decision trace",
                                     "the step's output is unchanged")
 
-    def after_update(self) -> None:
-        """After `update_from_output`: TTFT of requests whose first token came. Never raises."""
-        if not self._pending:
+    def after_update(self, result: Any = None) -> None:
+        """After `update_from_output` (`result`, what it returned): TTFT of requests whose first
+        token came. Never raises.
+
+        vLLM reports every request that got tokens in `result`, so only the pending requests
+        named there are checked: O(reported) instead of O(pending) while fewer report than wait
+        for their first token (a prefill node: many long prefills in progress). Every
+        `SWEEP_EVERY` updates (and when `result` is not vLLM's dict of `EngineCoreOutputs`) every
+        pending request is checked, which also drops those that finished without a token
+        (aborted).
+        """
+        pending = self._pending
+        if not pending:
             return
         sched = self.scheduler
         try:
             now = sched.fairway_clock()
-            for request_id, (request, cache) in list(self._pending.items()):
+            self._updates += 1
+            reported = _reported_ids(result, len(pending))
+            if reported is None or self._updates >= SWEEP_EVERY:
+                self._updates = 0
+                reported = list(pending)
+            for request_id in reported:
+                entry = pending.get(request_id)
+                if entry is None:
+                    continue
+                request, cache = entry
                 if request.num_output_tokens > 0:
                     self.latency.observe_ttft(cache, now - request.arrival_time)  # type: ignore[union-attr]
-                    del self._pending[request_id]
+                    del pending[request_id]
                 elif request.is_finished():  # aborted or failed before its first token
-                    del self._pending[request_id]
+                    del pending[request_id]
         except Exception as exc:  # noqa: BLE001
-            self._pending.clear()
+            pending.clear()
             sched._fairway_fallback(exc, "recording TTFT", "the step's output is unchanged")
 
     def _trace(self, output: SchedulerOutput, placed: Any, now: float, new: list[str]) -> None:
@@ -99,6 +119,25 @@ class StepObserver:
         """Close the trace file, if any."""
         if self.trace is not None:
             self.trace.close()
+
+
+#: `after_update` checks every pending request at least this often (in updates).
+SWEEP_EVERY = 64
+
+
+def _reported_ids(result: Any, limit: int) -> list[str] | None:
+    """Ids of the requests in `update_from_output`'s result (vLLM internal: a dict of client
+    index -> `EngineCoreOutputs`, whose `outputs` carry `request_id`); None if it has another
+    shape or more than `limit` of them (then checking the pending requests costs less)."""
+    if not isinstance(result, dict):
+        return None
+    ids: list[str] = []
+    for outputs in result.values():
+        items = getattr(outputs, "outputs", None)
+        if not isinstance(items, list) or len(ids) + len(items) > limit:
+            return None
+        ids += [item.request_id for item in items]
+    return ids
 
 
 def _lanes_by_id(placed: Any) -> dict[str, str]:

@@ -130,6 +130,19 @@ def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
     return output.num_scheduled_tokens  # vLLM internal: SchedulerOutput.num_scheduled_tokens
 
 
+def started_ids(output: SchedulerOutput) -> Iterable[str]:
+    """Ids of the requests a step took from the waiting queue: new ones and resumed ones (every
+    scheduled request when the output lacks those fields), without the running ones' decodes."""
+    # vLLM internal: SchedulerOutput.scheduled_new_reqs / CachedRequestData.resumed_req_ids
+    resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None)
+    if resumed is None:
+        return output.num_scheduled_tokens.keys()
+    new = output.scheduled_new_reqs
+    if not resumed:
+        return [data.req_id for data in new]
+    return [*(data.req_id for data in new), *resumed]
+
+
 def prefill_tokens(scheduler: Scheduler, output: SchedulerOutput) -> int:
     """Tokens of this step that computed prompt positions (prefill), summed over requests.
 
@@ -251,6 +264,23 @@ def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any
     if positions is not None:
         index = positions[index]
     return [current[i].request_id for i in index.tolist()]  # vLLM internal: Request.request_id
+
+
+def _equal_tail(
+    current: list[Request], head: int, last: list[Request], start: int, arrivals: list[Request],
+    split: int,
+) -> bool:
+    """Whether `current[head:]` is `last[start:]` followed by `arrivals` (from `arrivals[split]`
+    when split >= 0). Identity-first list comparisons (C loops); a side that is a whole list is
+    compared without copying it."""
+    if split >= 0:
+        return current[head:] == arrivals[split:]
+    kept = len(last) - start
+    end = head + kept
+    ours = current if head == 0 and end == len(current) else current[head:end]
+    if ours != (last if start == 0 else last[start:]):
+        return False
+    return len(current) == end + len(arrivals) and current[end:] == arrivals
 
 
 def _move_to_front(current: list[Request], rows: list[int]) -> list[Request]:
@@ -520,6 +550,36 @@ class PrefixProbe:
         limit = min(hit.cap, len(hashes))
         self._set(hit, _cached_prefix_near(cache, hashes, hit.blocks, limit, at_least=True))
 
+    def _extend_group(self, group: list[_Hit]) -> None:
+        """Extend the hits whose next block (one hash key) got cached. The key is a chain hash,
+        so they share every block up to it: the first is searched (`_extend`), and another one
+        that also shares the first's last hit block (one hash comparison) has at least the
+        first's hit, and exactly it when the block after it is the first's too (then not cached,
+        or the first's search would have passed it); otherwise it is searched from there, or on
+        its own when the chains part earlier."""
+        if not group:
+            return
+        first, *others = group
+        self._extend(first)
+        if not others:
+            return
+        cache = self._cache
+        assert cache is not None
+        shared = first.request.block_hashes  # vLLM internal: Request.block_hashes
+        end = first.blocks
+        stopped = end < min(first.cap, len(shared))  # at a block that is not cached
+        for hit in others:
+            hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+            limit = min(hit.cap, len(hashes))
+            if end > limit or hashes[end - 1] != shared[end - 1]:
+                self._extend(hit)  # the chains part before the first's end
+                continue
+            self.num_extensions += 1
+            if end == limit or (stopped and hashes[end] == shared[end]):
+                self._set(hit, end)
+            else:
+                self._set(hit, _cached_prefix_near(cache, hashes, end, limit, at_least=True))
+
     def _set(self, hit: _Hit, blocks: int, tokens: int | None = None) -> None:
         """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
         hit.blocks = blocks
@@ -636,8 +696,8 @@ class PrefixProbe:
             split = start - len(last)  # where the tail starts within the arrivals, if >= 0
             if current[head] is not (last[start] if split < 0 else arrivals[split]):
                 continue
-            if current[head:] != (last[start:] + arrivals if split < 0 else arrivals[split:]):
-                continue  # identity-first list comparison: one C loop
+            if not _equal_tail(current, head, last, start, arrivals, split):
+                continue
             slot_get = self._slot_of.get
             heads = [slot_get(r, -1) for r in current[:head]]
             parts = [
@@ -681,8 +741,7 @@ class PrefixProbe:
         by_next = self._by_next
         if by_next:
             for key in self._grown_keys(cache, by_next):  # next blocks that got cached
-                for hit in list(by_next.get(key, ())):
-                    self._extend(hit)
+                self._extend_group(list(by_next.get(key, ())))
         self._since_full += 1
         self._mark_newest(cache)
 

@@ -184,7 +184,7 @@ class FairwaySchedulerMixin:
             self._fairway_calibrate("on_update", scheduler_output)
         result = super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
         if self._fairway_observer is not None:  # issue 14 hook (never raises)
-            self._fairway_observer.after_update()
+            self._fairway_observer.after_update(result)
         return result
 
     def _fairway_calibrate(self, hook: str, output: SchedulerOutput) -> None:
@@ -378,10 +378,10 @@ class FairwaySchedulerMixin:
         """Tell the policy what was admitted; forget who left; publish stats. Never raises."""
         stats = self.fairway_stats
         try:
-            scheduled = probe.scheduled_tokens(output)
-            if scheduled:  # every scheduled request left the waiting queue (or never was in it)
+            started = probe.started_ids(output)
+            if started:  # they left the waiting queue
                 requests = self.requests  # vLLM internal: Scheduler.requests
-                self.fairway_probe.forget(requests[rid] for rid in scheduled if rid in requests)
+                self.fairway_probe.forget(requests[rid] for rid in started if rid in requests)
             admitted: list[Request] = []
             if self._fairway_prepass_ran:
                 stats.prepass_s.append(prepass_s)

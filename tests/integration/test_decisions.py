@@ -73,6 +73,50 @@ def test_queue_time_and_ttft_by_hit_and_miss(offline, helpers):
     assert sched.fairway_totals.policy_fallbacks == 0
 
 
+def test_ttft_checks_reported_requests_and_sweeps_the_aborted(offline, helpers):
+    """A first token comes with an output of `update_from_output`, so only the requests reported
+    there are checked; a request aborted before its first token is dropped by the sweep within
+    SWEEP_EVERY updates; an update result of another shape checks every pending request."""
+    from vllm.v1.request import RequestStatus
+
+    from fairway.vllm.observe import SWEEP_EVERY
+
+    sched = offline.make_offline_scheduler("fairway", max_num_batched_tokens=64, max_num_seqs=4)
+    observer = sched._fairway_observer
+    seen: list[str] = []
+    observer.latency.observe_ttft = lambda cache, seconds: seen.append(cache)
+    checked: list[str] = []
+
+    class Watched(dict):  # records which pending entries after_update reads
+        def get(self, key, default=None):
+            checked.append(key)
+            return super().get(key, default)
+
+    observer._pending = Watched()
+    for name in ("A", "B", "C"):
+        sched.add_request(offline.make_request(name, helpers.tokens(1_000 * ord(name), 120), 1.0))
+    offline.step(sched)  # all three admitted: 64 tokens of A this step, the rest later
+    assert set(observer._pending) == {"A", "B", "C"}
+    sched.finish_requests("B", RequestStatus.FINISHED_ABORTED)
+    checked.clear()
+    for _ in range(10):  # until A's and C's prefills end (at most 64 tokens per step)
+        offline.step(sched)
+        if len(seen) == 2:
+            break
+    assert set(checked) <= {"A", "C"} and seen == ["miss", "miss"]
+    assert set(observer._pending) == {"B"}  # aborted: no output names it
+    request = offline.make_request("D", helpers.tokens(7_000, 8), 1.0)
+    sched.add_request(request)
+    offline.step(sched)  # D's first token comes, reported as usual
+    assert seen == ["miss"] * 3
+    for _ in range(SWEEP_EVERY):
+        observer.after_update({})
+    assert not observer._pending  # swept
+    observer._pending["D2"] = (request, "hit")  # D again: a request that has its token
+    observer.after_update(None)  # not vLLM's dict of outputs: every pending request checked
+    assert seen == ["miss"] * 3 + ["hit"] and not observer._pending
+
+
 def test_observer_is_off_without_log_stats_and_trace(offline):
     sched = offline.make_offline_scheduler("fairway", log_stats=False)
     assert sched._fairway_observer is None

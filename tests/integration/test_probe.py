@@ -448,3 +448,82 @@ def test_requests_on_one_evicted_chain_are_looked_up_once(offline, helpers):
             shrinks += 1
             assert probe.num_full_lookups == lookups + 1
     assert shrinks >= 10 and after[0] < 320
+
+
+@pytest.mark.parametrize("first", ["W1", "W3", "W5"])
+def test_requests_waiting_for_one_block_are_extended_from_one_search(
+    offline, helpers, monkeypatch, first
+):
+    """Seven waiting requests share their first block; S and S2 cache 25 blocks of it in one
+    step (S2 one more block on its own branch). Whichever of them is searched first
+    (`_extend_group`), each one's memo equals vLLM's own lookup: those on the first's chain take
+    its length without a search, the others (chains that part before its end, at its end, a
+    shorter cap) are searched."""
+    from fairway.vllm import probe as probe_module
+
+    sched = offline.make_offline_scheduler(
+        "lpm", num_blocks=300, max_num_batched_tokens=2_048, max_num_seqs=2
+    )
+    prefix = helpers.tokens(1, 640)  # 40 blocks
+    branch = helpers.tokens(7_000, 16)  # S2's block 25
+    for name, prompt in (("S", prefix[:400]), ("S2", prefix[:400] + branch)):
+        own = helpers.tokens(8_000 + len(prompt), 8)  # a partial block: not cached
+        sched.add_request(offline.make_request(name, prompt + own, 1.0, max_tokens=50))
+    prompts = {
+        "W1": prefix + helpers.tokens(9_000, 16),  # 25 blocks, stops at the prefix's block 25
+        "W6": prefix + helpers.tokens(9_100, 16),  # as W1: takes W1's end
+        "W7": prefix[:560] + helpers.tokens(9_200, 16),  # as W1
+        "W2": prefix[:160] + helpers.tokens(9_300, 400),  # parts at block 10
+        "W3": prefix[:400] + branch + helpers.tokens(9_400, 16),  # 26: S2's branch
+        "W4": prefix[:400] + helpers.tokens(9_500, 32),  # parts at block 25, not cached
+        "W5": prefix[:197],  # cap 12 blocks
+    }
+    for name, prompt in prompts.items():
+        sched.add_request(offline.make_request(name, prompt, 2.0))
+    expected = {"W1": 400, "W6": 400, "W7": 400, "W2": 160, "W3": 416, "W4": 400, "W5": 192}
+    groups, searches = [], []
+    original_group = probe_module.PrefixProbe._extend_group
+    original_search = probe_module._cached_prefix_near
+
+    def first_named(self, group):
+        group = sorted(group, key=lambda hit: hit.request.request_id != first)
+        groups.append([hit.request.request_id for hit in group])
+        return original_group(self, group)
+
+    def counted(*args, **kwargs):
+        searches.append(args)
+        return original_search(*args, **kwargs)
+
+    monkeypatch.setattr(probe_module.PrefixProbe, "_extend_group", first_named)
+    monkeypatch.setattr(probe_module, "_cached_prefix_near", counted)
+    offline.step(sched)  # the pre-pass probes the seven (no hit); S and S2 compute 26 blocks
+    assert set(helpers.queue_ids(sched)) == set(prompts)
+    searches.clear()
+    offline.step(sched)  # the pre-pass sees their first block cached: one group
+    assert len(groups) == 1 and sorted(groups[0]) == sorted(prompts) and groups[0][0] == first
+    if first == "W1":  # W6 and W7 take W1's end; W2 (parts early), W3, W4, W5 are searched
+        assert len(searches) == 5
+    for name in prompts:
+        hit = sched.fairway_probe.known_cached_tokens(sched.requests[name])
+        assert (hit, *_lookups(sched, sched.requests[name])) == (expected[name],) * 4, name
+
+
+def test_the_requests_a_step_started_are_the_new_and_the_resumed():
+    """`started_ids`: what the after-step forgets (the running requests' decodes are not looked
+    at); every scheduled request when the output lacks the fields."""
+    from types import SimpleNamespace
+
+    from fairway.vllm.probe import started_ids
+
+    scheduled = {"run": 1, "new1": 64, "new2": 8, "back": 32}
+    new = [SimpleNamespace(req_id="new1"), SimpleNamespace(req_id="new2")]
+    output = SimpleNamespace(
+        num_scheduled_tokens=scheduled,
+        scheduled_new_reqs=new,
+        scheduled_cached_reqs=SimpleNamespace(req_ids=["run", "back"], resumed_req_ids={"back"}),
+    )
+    assert list(started_ids(output)) == ["new1", "new2", "back"]
+    output.scheduled_cached_reqs.resumed_req_ids = set()
+    assert list(started_ids(output)) == ["new1", "new2"]
+    output.scheduled_cached_reqs = SimpleNamespace(req_ids=["run", "back"])
+    assert list(started_ids(output)) == list(scheduled)
