@@ -534,8 +534,8 @@ class PrefixProbe:
             return
         first, *others = group
         self._lookup(first, evicted=True)
-        for hit in others:
-            self._set(hit, first.blocks)
+        if others:  # the first's new end lies within the shared chain: the same keys
+            self._set_many(others, first.blocks, first.next_key, first.last_key)
 
     def _extend(self, hit: _Hit) -> None:
         """Probe forward from the memoized length: the hit grew since the last step.
@@ -568,6 +568,8 @@ class PrefixProbe:
         shared = first.request.block_hashes  # vLLM internal: Request.block_hashes
         end = first.blocks
         stopped = end < min(first.cap, len(shared))  # at a block that is not cached
+        same: list[_Hit] = []  # the first's end and keys
+        capped: list[_Hit] = []  # the first's end, no next block
         for hit in others:
             hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
             limit = min(hit.cap, len(hashes))
@@ -575,10 +577,32 @@ class PrefixProbe:
                 self._extend(hit)  # the chains part before the first's end
                 continue
             self.num_extensions += 1
-            if end == limit or (stopped and hashes[end] == shared[end]):
-                self._set(hit, end)
+            if end == limit:
+                capped.append(hit)
+            elif stopped and hashes[end] == shared[end]:
+                same.append(hit)
             else:
                 self._set(hit, _cached_prefix_near(cache, hashes, end, limit, at_least=True))
+        if same:
+            self._set_many(same, end, first.next_key, first.last_key)
+        if capped:
+            self._set_many(capped, end, None, first.last_key)
+
+    def _set_many(
+        self, hits: list[_Hit], blocks: int, next_key: bytes | None, last_key: bytes | None
+    ) -> None:
+        """`_set(hit, blocks)` for hits known to get these keys (chains shared through them):
+        the columns in one assignment, the index moves a set at a time."""
+        old_next: dict[bytes | None, list[_Hit]] = {}
+        old_last: dict[bytes | None, list[_Hit]] = {}
+        for hit in hits:
+            hit.blocks = blocks
+            old_next.setdefault(hit.next_key, []).append(hit)
+            old_last.setdefault(hit.last_key, []).append(hit)
+            hit.next_key, hit.last_key = next_key, last_key
+        self._cached[[hit.slot for hit in hits]] = blocks * self.block_size
+        _move_many(self._by_next, hits, old_next, next_key)
+        _move_many(self._by_last, hits, old_last, last_key)
 
     def _set(self, hit: _Hit, blocks: int, tokens: int | None = None) -> None:
         """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
@@ -981,6 +1005,25 @@ def _move(index: dict[bytes, set[_Hit]], hit: _Hit, old: bytes | None, new: byte
             index[new] = {hit}
         else:
             holders.add(hit)
+
+
+def _move_many(
+    index: dict[bytes, set[_Hit]],
+    hits: list[_Hit],
+    old: dict[bytes | None, list[_Hit]],
+    new: bytes | None,
+) -> None:
+    """`_move` for many hits: from their old keys (`old`: key -> its hits) to `new`."""
+    for key, leaving in old.items():
+        if key is None or key == new:
+            continue
+        holders = index.get(key)
+        if holders is not None:
+            holders.difference_update(leaving)
+            if not holders:
+                del index[key]
+    if new is not None:
+        index.setdefault(new, set()).update(hits)
 
 
 def _one_block(entry: Any) -> KVCacheBlock | None:

@@ -25,6 +25,19 @@ def _lookups(sched, request) -> tuple[int, int, int]:
     return incremental, fresh, computed
 
 
+def _assert_indexes_match_the_memos(probe) -> None:
+    """Every live memo sits in the growth / eviction index under exactly its own keys."""
+    for name, index in (("next_key", probe._by_next), ("last_key", probe._by_last)):
+        listed = {(id(hit), key) for key, hits in index.items() for hit in hits}
+        assert all(hits for hits in index.values()), name  # no empty sets left behind
+        own = {
+            (id(hit), getattr(hit, name))
+            for hit in probe._hits
+            if hit is not None and getattr(hit, name) is not None
+        }
+        assert listed == own, name
+
+
 def test_hit_grows_while_the_prefix_is_prefilled(offline, helpers):
     """W waits while S computes the shared prefix chunk by chunk: the memo grows with it."""
     sched = offline.make_offline_scheduler(
@@ -106,6 +119,7 @@ def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
             grew += previous is not None and incremental > previous
             shrank += previous is not None and incremental < previous
             last[request.request_id] = incremental
+        _assert_indexes_match_the_memos(sched.fairway_probe)
     assert grew and shrank, (grew, shrank)  # both kinds of change were exercised
 
 
@@ -444,6 +458,7 @@ def test_requests_on_one_evicted_chain_are_looked_up_once(offline, helpers):
         for name, hit in zip(names, after, strict=True):
             assert hit == probe.fresh_cached_tokens(sched.requests[name]), name
         assert len(set(after)) == 1
+        _assert_indexes_match_the_memos(probe)
         if after != before:
             shrinks += 1
             assert probe.num_full_lookups == lookups + 1
@@ -503,6 +518,7 @@ def test_requests_waiting_for_one_block_are_extended_from_one_search(
     assert len(groups) == 1 and sorted(groups[0]) == sorted(prompts) and groups[0][0] == first
     if first == "W1":  # W6 and W7 take W1's end; W2 (parts early), W3, W4, W5 are searched
         assert len(searches) == 5
+    _assert_indexes_match_the_memos(sched.fairway_probe)
     for name in prompts:
         hit = sched.fairway_probe.known_cached_tokens(sched.requests[name])
         assert (hit, *_lookups(sched, sched.requests[name])) == (expected[name],) * 4, name
