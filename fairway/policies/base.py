@@ -69,9 +69,12 @@ class QueuedRequest:
         return max(self.prompt_tokens - self.cached_tokens, 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefillingRequest:
     """A running request whose prefill is not finished (vLLM continues it before the queue).
+
+    Read-only by contract, not frozen: the scheduler builds one per running prefill every step,
+    and a frozen dataclass's `__init__` costs about three times as much.
 
     Attributes:
         request_id: the engine's id.
@@ -88,7 +91,7 @@ class PrefillingRequest:
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < self.remaining:
-            object.__setattr__(self, "prompt_tokens", self.remaining)
+            self.prompt_tokens = self.remaining
 
 
 @dataclass(frozen=True, slots=True)

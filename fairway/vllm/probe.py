@@ -108,21 +108,22 @@ def can_admit(scheduler: Scheduler) -> bool:
     return free_slots(scheduler) > 0
 
 
-def scan_bound(scheduler: Scheduler) -> int | None:
+def scan_bound(scheduler: Scheduler, free: int | None = None) -> int | None:
     """How many positions of the waiting queue vLLM's scan can reach this step; None: any.
 
     The scan starts at most `free_slots` requests, taken from the head in order, and reads one
     more position for each request it skips without starting it. Requests it skipped in earlier
     steps and that still wait (`deferred_waiting`: grammar not ready, remote KV loading, stale
     output) are counted as possible skips. The LoRA limit and a KV connector can skip any request,
-    so with either configured the bound is None (order the whole queue).
+    so with either configured the bound is None (order the whole queue). `free`: `free_slots`,
+    if the caller has it.
     """
     # vLLM internal: Scheduler.lora_config / connector (absent: assume they may skip)
     if getattr(scheduler, "lora_config", True) is not None:
         return None
     if getattr(scheduler, "connector", True) is not None:
         return None
-    return free_slots(scheduler) + deferred_count(scheduler)
+    return (free_slots(scheduler) if free is None else free) + deferred_count(scheduler)
 
 
 def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:

@@ -287,8 +287,9 @@ class FairwaySchedulerMixin:
         """Ask the policy for this step's order and split (raises like `order()` may)."""
         prefilling, decode_tokens = share.running_prefills(self)
         firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
-        scan = probe.scan_bound(self) if self._fairway_head_only else None
-        budget = share.step_budget(self, decode_tokens, firsts, scan)
+        free = probe.free_slots(self)
+        scan = probe.scan_bound(self, free) if self._fairway_head_only else None
+        budget = share.step_budget(self, decode_tokens, firsts, scan, free)
         policy, now = self.fairway_policy, self.fairway_clock()
         if not getattr(policy, "step_share_columns", False) and isinstance(waiting, QueueColumns):
             waiting = waiting.views()  # a policy that takes views only

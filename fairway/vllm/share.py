@@ -76,22 +76,19 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
     (decodes) may take this step (one per request, more with placeholders or spec tokens)."""
     views: list[PrefillingRequest] = []
     decode_tokens = 0
+    view = PrefillingRequest
     for request in scheduler.running:  # vLLM internal: Scheduler.running
-        if _in_prefill(request):
-            left = request.num_tokens - request.num_computed_tokens  # vLLM internal
+        # vLLM internal: Request.num_tokens / num_computed_tokens / is_prefill_chunk (as
+        # `_in_prefill`, inlined: this runs for every running request every step)
+        num_tokens, computed = request.num_tokens, request.num_computed_tokens
+        if request.is_prefill_chunk and num_tokens > computed:
             views.append(
-                PrefillingRequest(
-                    request.request_id, request.arrival_time, left, request.num_tokens
-                )
+                view(request.request_id, request.arrival_time, num_tokens - computed, num_tokens)
             )
         else:
             # vLLM internal: Request.num_tokens_with_spec / num_output_placeholders
-            need = (
-                request.num_tokens_with_spec
-                + request.num_output_placeholders
-                - request.num_computed_tokens
-            )
-            decode_tokens += max(0, need)
+            need = request.num_tokens_with_spec + request.num_output_placeholders - computed
+            decode_tokens += need if need > 0 else 0
     return views, decode_tokens
 
 
@@ -111,15 +108,17 @@ def step_budget(
     decode_tokens: int,
     ahead: list[tuple[str, int]],
     scan: int | None = None,
+    free: int | None = None,
 ) -> StepBudget:
-    """P (the token budget minus decode tokens), free request slots, requests served first,
-    and `scan`, the positions of the waiting queue vLLM's scan can reach (`probe.scan_bound`)."""
+    """P (the token budget minus decode tokens), free request slots (`free`, if the caller has
+    `probe.free_slots`), requests served first, and `scan`, the positions of the waiting queue
+    vLLM's scan can reach (`probe.scan_bound`)."""
     tokens = scheduler.max_num_scheduled_tokens - decode_tokens  # vLLM internal
     return StepBudget(
         tokens=max(0, tokens),
-        free_slots=probe.free_slots(scheduler),
-        ahead=tuple(n for _, n in ahead),
-        ahead_ids=tuple(i for i, _ in ahead),
+        free_slots=probe.free_slots(scheduler) if free is None else free,
+        ahead=tuple([n for _, n in ahead]) if ahead else (),
+        ahead_ids=tuple([i for i, _ in ahead]) if ahead else (),
         scan=scan,
     )
 
