@@ -118,6 +118,10 @@ class FairwayPolicy(FastScore):
     #: The last step's share (None before the first step).
     last_share: StepShare | None = field(init=False, repr=False, default=None)
     _pending: _Pending | None = field(init=False, repr=False, default=None)
+    #: Patience (SLO) by prompt length for the running prefills' scores, and the profile it is
+    #: for: a running prefill's L does not change, so T(L) is interpolated once per length.
+    _units: dict[int, float] = field(init=False, repr=False, default_factory=dict)
+    _units_profile: object = field(init=False, repr=False, default=None)
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         return np.asarray(self.step_share(queue, (), None, now).waiting_order).tolist()
@@ -278,14 +282,26 @@ class FairwayPolicy(FastScore):
         if self.profile is None:
             units = [self.patience_floor_s] * len(prefilling)
         else:
-            prompts = np.array([p.prompt_tokens for p in prefilling], dtype=np.float64)
-            units = self._patience(prompts).tolist()
+            units = self._units_of([p.prompt_tokens for p in prefilling])
         scores = []
         for p, unit in zip(prefilling, units, strict=True):  # max() as conditionals: cheaper
             remaining, wait = p.remaining, now - p.arrival
             computed = (p.prompt_tokens - remaining) / (1.0 if remaining < 1.0 else remaining)
             scores.append(computed + (0.0 if wait < 0.0 else wait) / unit)
         return scores
+
+    def _units_of(self, prompts: list[int]) -> list[float]:
+        """The patience of each prompt length, from the memo (`_units`); the lengths it lacks in
+        one call of `_patience` (elementwise, so a length gets the same float in any batch)."""
+        memo = self._units
+        if self._units_profile is not self.profile or len(memo) > _MAX_UNITS:
+            memo.clear()
+            self._units_profile = self.profile
+        missing = [length for length in prompts if length not in memo]
+        if missing:
+            units = self._patience(np.array(missing, np.float64)).tolist()
+            memo.update(zip(missing, units, strict=True))
+        return [memo[length] for length in prompts]
 
     def idle_step(self) -> None:
         """No prefill can run this step: not contested, as `step_share` would find (no Fast
@@ -307,6 +323,10 @@ class FairwayPolicy(FastScore):
         got_fair = prefill_by_request.get(pending.front_id, 0)
         got_fast = sum(prefill_by_request.values()) - got_fair
         self.ledger.record(pending.owed_fair, got_fair, pending.owed_fast, got_fast, pending.budget)
+
+
+#: `FairwayPolicy._units` is cleared when it holds more prompt lengths than this.
+_MAX_UNITS = 4096
 
 
 def _front(

@@ -62,6 +62,25 @@ prefills = st.lists(
 )
 
 
+@settings(max_examples=200, deadline=None)
+@given(earlier=prefills, prefilling=prefills, now=st.floats(0, 120, allow_nan=False))
+def test_prefill_scores_from_remembered_patience_equal_the_column_scores(
+    earlier, prefilling, now
+) -> None:
+    """T(L) is interpolated once per prompt length and remembered (`_units`): scores after other
+    steps, and after the profile is replaced, are still the column scores bit for bit."""
+    profiles = [from_points([(1000, 0.2), (8000, 4 / 3), (32000, 9.0)]),
+                from_points([(500, 0.1), (40000, 20.0)])]
+    policy = get("fairway", profile=profiles[0])
+    for profile in profiles:
+        policy.profile = profile
+        for step in (earlier, prefilling, prefilling[::-1]):
+            got = policy._prefill_scores(step, now)
+            want = policy._scores(_ref_running_columns(step), now) if step else []
+            assert _bits(got) == _bits(want)
+        assert set(policy._units) <= {p.prompt_tokens for p in (*earlier, *prefilling)}
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     prefilling=prefills,
