@@ -423,8 +423,9 @@ def _max_outside(values: np.ndarray, excluded: np.ndarray) -> float:
     return float(values[others].max())
 
 
-#: The first prefix `_fast_prefix` tries (grown 4x while too short).
-_MIN_PREFIX = 64
+#: The first prefix `_fast_prefix` tries (grown 4x while too short): a few more rows than a
+#: step with 16 free slots reads; each row of the prefix is sorted, moved and checked every step.
+_MIN_PREFIX = 16
 
 
 def _fast_prefix(
