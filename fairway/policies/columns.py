@@ -43,6 +43,7 @@ class QueueColumns:
     ids_source: Callable[[Any], list[str]] = field(repr=False, default=lambda rows: [])
     _ids: list[str] | None = field(default=None, repr=False)
     _remaining: np.ndarray | None = field(default=None, repr=False)
+    _oldest: int | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -68,6 +69,14 @@ class QueueColumns:
         if self._remaining is None:
             self._remaining = np.maximum(self.prompt_tokens - self.cached_tokens, 1.0)
         return self._remaining
+
+    @property
+    def oldest_row(self) -> int:
+        """The row of the earliest arrival (the first of equals); computed on first use and kept
+        (the policy and the scheduler's stats both read it). The queue must not be empty."""
+        if self._oldest is None:
+            self._oldest = int(self.arrival.argmin())
+        return self._oldest
 
     def views(self) -> list[QueuedRequest]:
         """The same queue as `QueuedRequest`s (the path for policies without columns)."""

@@ -333,7 +333,7 @@ def _front(
     waiting: QueueColumns, prefilling: Sequence[PrefillingRequest]
 ) -> tuple[int | None, int | None]:
     """O: (index in `waiting`, None) or (None, index in `prefilling`); both None: no request."""
-    best_wait = int(waiting.arrival.argmin()) if len(waiting) else None  # first of equals
+    best_wait = waiting.oldest_row if len(waiting) else None  # first of equals
     arrivals = [p.arrival for p in prefilling]
     best_run = arrivals.index(min(arrivals)) if arrivals else None  # first of equals
     if best_run is not None and (

@@ -674,7 +674,8 @@ class PrefixProbe:
         snap.columns = cols
         if len(slots):
             work = cols.remaining  # kept on the columns: the policy reads it too
-            snap.work_max, snap.work_min = int(work.max()), int(work.min())
+            # the ufuncs' own reductions: numpy's `max()` / `min()` methods add a Python frame
+            snap.work_max, snap.work_min = int(_largest(work)), int(_smallest(work))
         return snap
 
     def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
@@ -1039,6 +1040,7 @@ def _one_block(entry: Any) -> KVCacheBlock | None:
 
 _NO_ROWS = np.zeros(0, dtype=np.intp)
 _NO_ROWS.flags.writeable = False
+_largest, _smallest = np.maximum.reduce, np.minimum.reduce
 
 
 def _no_rows() -> np.ndarray:

@@ -275,7 +275,7 @@ class FairwaySchedulerMixin:
         stats.steps_ordered += 1
         if n:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
-            oldest = float(cols.arrival.min())
+            oldest = cols.arrival.item(cols.oldest_row)
             stats.oldest_waiting_age_s = max(0.0, self.fairway_clock() - oldest)
         return _Placed(queue, snap.num_fixed, n, lanes)
 
