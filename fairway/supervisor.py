@@ -118,8 +118,31 @@ def start(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=None if env is None else dict(env),
             start_new_session=True,  # a Ctrl-C reaches it once, through `stop`
+            preexec_fn=default_sigint,
         )
     return ServerProcess(proc, f"http://127.0.0.1:{port}", path, argv)
+
+
+def default_sigint() -> None:
+    """In a server's child process before exec: SIGINT back to its default disposition.
+
+    A process started with SIGINT ignored (`cmd &` from a non-interactive shell) passes that on
+    through fork and exec, and a Python server then ignores the SIGINT that `stop` and
+    `supervise` send for its clean shutdown (it ends only by SIGTERM, after the grace period).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _then(first: Callable[[], None], second: Callable[[], None] | None) -> Callable[[], None]:
+    """One `preexec_fn` that runs `first`, then `second` (if any)."""
+    if second is None:
+        return first
+
+    def both() -> None:
+        first()
+        second()
+
+    return both
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float, *, name: str = "the server") -> None:
@@ -354,7 +377,7 @@ def supervise(
     if grace_s is None:
         grace_s = DEFAULT_GRACE_S + shutdown_timeout_of(argv)
     proc = subprocess.Popen(list(argv), env=None if env is None else dict(env),
-                            start_new_session=True, preexec_fn=preexec_fn)
+                            start_new_session=True, preexec_fn=_then(default_sigint, preexec_fn))
     relay = SignalRelay(proc, grace_s)
     previous = {s: signal.signal(s, relay.forward) for s in FORWARDED}
     try:

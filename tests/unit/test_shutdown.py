@@ -37,12 +37,21 @@ time.sleep(600)
 """
 
 
-def _supervised(program: str, *args: str, grace_s: float) -> subprocess.Popen[str]:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _supervised(
+    program: str, *args: str, grace_s: float, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
+    """`python -m fairway.supervisor` running `program`; `sigint_ignored`: the supervisor starts
+    with SIGINT ignored, as a command started with `&` from a non-interactive shell does."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fairway.supervisor", "--grace-s", str(grace_s), "--",
          sys.executable, "-c", program, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
@@ -73,12 +82,16 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path)
     assert _gone(grandchild), "the server's process group was not killed"
 
 
-def test_a_server_that_exits_is_not_killed() -> None:
-    proc = _supervised(POLITE, grace_s=30.0)
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_a_server_that_exits_is_not_killed(sigint_ignored: bool) -> None:
+    """SIGINT ends a server that does not ignore it, at once; also when the supervisor itself
+    was started with SIGINT ignored (the server gets SIGINT's default back before exec)."""
+    proc = _supervised(POLITE, grace_s=30.0, sigint_ignored=sigint_ignored)
+    started = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 128 + signal.SIGINT  # the child's own death by SIGINT
-    assert "did not exit" not in err
+    assert "did not exit" not in err and time.monotonic() - started < 10
 
 
 def test_grace_follows_vllms_shutdown_timeout() -> None:

@@ -83,6 +83,25 @@ def test_runs_on_localhost_until_healthy_and_stops_with_sigint(command, tmp_path
     assert not healthy(server.url)
 
 
+def test_a_server_started_while_sigint_is_ignored_still_stops_with_sigint(
+    command, tmp_path: Path
+) -> None:
+    """A process started with SIGINT ignored (`cmd &` from a script) passes that on to its
+    children; the server gets SIGINT's default back, so `stop`'s SIGINT still ends it cleanly
+    (not SIGTERM after the timeout)."""
+    log = tmp_path / "server.log"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        server = supervisor.start(command, ["--mode", "ok"], log_path=log)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        supervisor.wait_healthy(server, 30)
+    finally:
+        code = supervisor.stop(server, shutdown_timeout_s=20)
+    assert code == 0 and "clean shutdown" in log.read_text()
+
+
 def test_a_temporary_log_is_removed_after_a_clean_run_and_kept_after_an_error(command) -> None:
     with supervisor.running_server(command, startup_timeout_s=30) as server:
         assert server.log_path.exists()
