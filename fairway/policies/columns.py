@@ -10,9 +10,9 @@ working; the two paths must give the same order (tests/unit/test_columns.py chec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -119,6 +119,74 @@ def head_order_of(policy: Any, cols: QueueColumns, now: float, head: int) -> Any
     if head < len(cols) and getattr(type(policy), "orders_head", False):
         return policy.order_head(cols, now, head)
     return order_of(policy, cols, now)
+
+
+class HeadOrder(Sequence[int]):
+    """A permutation of range(n) given by its head: the rows `head` first, in that order, then
+    every other row in row order (the shape of an `order_head` result).
+
+    A policy that sorts only the head of the queue returns this instead of an n-sized array: the
+    scheduler checks and applies it from the head alone (`check_head`,
+    `PrefixProbe.arrange_head`), in Python over the head's few rows, where a full permutation
+    costs some fifteen numpy calls to check and apply (each several microseconds between vLLM's
+    steps, whatever n). Read as a sequence or as an array (`np.asarray`) it is the whole order,
+    built on first use.
+    """
+
+    __slots__ = ("head", "n", "_full")
+
+    def __init__(self, head: list[int], n: int) -> None:
+        self.head = head
+        self.n = n
+        self._full: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        if type(index) is int and 0 <= index < len(self.head):
+            return self.head[index]
+        return self.full()[index].tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.full().tolist())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        full = self.full()
+        return full if dtype is None else full.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"HeadOrder(head={self.head!r}, n={self.n})"
+
+    def full(self) -> np.ndarray:
+        """The whole order as an intp array (the head must be distinct rows of range(n))."""
+        if self._full is None:
+            head = np.array(self.head, dtype=np.intp)
+            others = np.ones(self.n, dtype=bool)
+            others[head] = False
+            self._full = np.concatenate((head, others.nonzero()[0]))
+        return self._full
+
+
+def check_head(order: HeadOrder, n: int) -> list[int]:
+    """The head of `order` if it makes a permutation of range(n) (distinct rows in range, n
+    the queue's length), else ValueError: O(head) in Python, no n-sized pass."""
+    head = order.head
+    if order.n != n:
+        raise ValueError(f"expected an order of {n} rows, got one of {order.n}")
+    if not isinstance(head, list) or not all(type(row) is int for row in head):
+        raise ValueError(f"the head must be a list of ints, got {head!r:.80}")
+    if head and (min(head) < 0 or max(head) >= n):
+        raise ValueError(f"indices out of range({n})")
+    if len(set(head)) < len(head):
+        raise ValueError("an index appears twice")
+    return head
 
 
 def check_permutation(order: Any, n: int) -> np.ndarray:

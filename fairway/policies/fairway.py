@@ -22,7 +22,7 @@ from fairway.policies.base import (
     StepShare,
     register_policy,
 )
-from fairway.policies.columns import QueueColumns
+from fairway.policies.columns import HeadOrder, QueueColumns
 from fairway.policies.fairway_step import FastScore, _by_lane_keys, _Columns, _lane_top
 from fairway.policies.share import NO_CAP, ShareLedger, _plan
 
@@ -142,12 +142,16 @@ class FairwayPolicy(FastScore):
         front_wait, front_run = _front(queue, prefilling)
         scan = budget.scan if budget is not None else None
         scores = self._scores(cols, now) if n else np.zeros(0)
-        rest, others, work = _fast_prefix(
+        rest, partial, work = _fast_prefix(
             cols, scores, front_wait, budget, n if scan is None else scan
         )
         # O (if it waits), the lane's prefix, the other rows in row order (`order_head`)
-        parts = (rest, others) if front_wait is None else ([front_wait], rest, others)
-        order = np.concatenate(parts)
+        order: np.ndarray | HeadOrder
+        if partial:
+            head = rest.tolist()
+            order = HeadOrder(head if front_wait is None else [front_wait, *head], n)
+        else:
+            order = rest if front_wait is None else np.concatenate(([front_wait], rest))
         self._pending = None
         share = None
         if budget is not None and front_run is not None:
@@ -167,7 +171,7 @@ class FairwayPolicy(FastScore):
 
     def _split(
         self,
-        order: np.ndarray,
+        order: np.ndarray | HeadOrder,
         front: _Front,
         lane: _Lane,
         prefilling: Sequence[PrefillingRequest],
@@ -207,8 +211,9 @@ class FairwayPolicy(FastScore):
         )
         owed_fair, owed_fast = min(front_demand, floor), min(fast_demand, p - target)
         self._pending = _Pending(front_id, owed_fair, owed_fast, p)
-        if front_row is not None and not plan.front_first:
-            order = np.concatenate((order[1:], order[:1]))
+        if front_row is not None and not plan.front_first:  # O behind everyone
+            full = np.asarray(order)
+            order = np.concatenate((full[1:], full[:1]))
         return StepShare(
             order,
             front_id,
@@ -434,11 +439,12 @@ def _fast_prefix(
     front: int | None,
     budget: StepBudget | None,
     scan: int,
-) -> tuple[np.ndarray, np.ndarray, list[float]]:
+) -> tuple[np.ndarray, bool, list[float]]:
     """The Fast lane's first entries but the front (`rest`), exactly (descending score, then
     older, then position): the whole lane, or a prefix long enough for everything the step's
-    plan reads; the other rows but the front, in row order; and the work of `rest`'s first
-    entries, as floats (`_lane_work`).
+    plan reads; whether it is only a prefix (the other rows then follow in row order, the
+    front's place aside: `HeadOrder`); and the work of `rest`'s first entries, as floats
+    (`_lane_work`).
 
     The plan reads the first `free_slots` requests after the front (`_step_head`), the shortest
     prefix whose work covers the step's tokens (`_covering`, at most P) and the first `scan`
@@ -448,7 +454,7 @@ def _fast_prefix(
     n = len(scores)
     if budget is None or scan >= n:
         rest = _without(np.lexsort((cols.arrival, -scores)), front)
-        return rest, _NO_ROWS, _lane_work(cols.work, rest, budget)
+        return rest, False, _lane_work(cols.work, rest, budget)
     need = max(scan, budget.free_slots) + 1  # + 1: the front may sit among them
     k = min(n, max(need, _MIN_PREFIX))
     while True:
@@ -456,26 +462,12 @@ def _fast_prefix(
         fast = _by_lane_keys(top, scores, cols.arrival)
         rest = _without(fast[:k], front)
         if kept is None:  # k >= n: the whole lane
-            return rest, _NO_ROWS, _lane_work(cols.work, rest, budget)
+            return rest, False, _lane_work(cols.work, rest, budget)
         if len(rest) >= need - 1:
             work = cols.work[rest].tolist()
             if sum(work) >= max(0, budget.tokens):
-                return rest, _others(kept, fast[k:], front), work
+                return rest, True, work
         k = min(n, 4 * k)
-
-
-_NO_ROWS = np.arange(0)
-
-
-def _others(kept: np.ndarray, cut: np.ndarray, front: int | None) -> np.ndarray:
-    """The rows outside the prefix and the front, in row order, from the mask of the rows the
-    partial selection kept (`_lane_top`, reused in place) and those of them cut off (ties)."""
-    others = np.logical_not(kept, out=kept)
-    if len(cut):
-        others[cut] = True
-    if front is not None:
-        others[front] = False
-    return others.nonzero()[0]
 
 
 def _without(rows: np.ndarray, front: int | None) -> np.ndarray:

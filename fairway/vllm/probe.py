@@ -47,7 +47,7 @@ from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request, RequestStatus
 
-from fairway.policies.columns import QueueColumns
+from fairway.policies.columns import HeadOrder, QueueColumns
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -699,6 +699,28 @@ class PrefixProbe:
             queue = _move_to_front(snap.current, order[:moved].tolist())
         else:
             queue = self._request_of[slots].tolist()
+        self._last_queue, self._last_slots = queue, slots
+        return queue
+
+    def arrange_head(self, snap: QueueSnapshot, order: HeadOrder, head: list[int]) -> list[Request]:
+        """`arrange` for an order given by its head (`HeadOrder`, checked: `head`): the rows
+        `head` moved to the front by list slices (`_move_to_front`), their slots by a mask; a
+        queue with fixed or oversized requests, or a long head, through the whole order."""
+        slots = snap.ordered_slots
+        n = len(slots)
+        if len(snap.fixed_slots) or len(snap.oversized_slots) or len(head) > max(
+            _MIN_MOVED, n // _MOVED_SHARE
+        ):
+            full = order.full()
+            breaks = np.flatnonzero(full[1:] <= full[:-1])
+            return self.arrange(snap, full, int(breaks[-1]) + 1 if len(breaks) else 0)
+        if head == list(range(len(head))):  # every row stays where it is
+            queue = snap.current
+        else:
+            queue = _move_to_front(snap.current, head)
+            others = np.ones(n, dtype=bool)
+            others[head] = False
+            slots = np.concatenate((slots[head], slots[others]))
         self._last_queue, self._last_slots = queue, slots
         return queue
 

@@ -31,7 +31,13 @@ import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.options import FairwayOptions
 from fairway.policies.base import UNPLACED_LANE
-from fairway.policies.columns import QueueColumns, check_order, head_order_of
+from fairway.policies.columns import (
+    HeadOrder,
+    QueueColumns,
+    check_head,
+    check_order,
+    head_order_of,
+)
 from fairway.vllm import observe, plugin, probe, protect, share
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
@@ -55,7 +61,7 @@ class _LastOrder:
     """The policy's input and output at the last ordered step (views built only when read)."""
 
     columns: QueueColumns | None = None
-    order: np.ndarray | None = None
+    order: np.ndarray | HeadOrder | None = None
 
 
 class FairwaySchedulerMixin:
@@ -141,7 +147,7 @@ class FairwaySchedulerMixin:
         """The order applied at the last ordered step (indices into `fairway_last_views`); for a
         policy with `orders_head` only its head is the policy's (see `probe.scan_bound`)."""
         order = self._fairway_last.order
-        return order.tolist() if order is not None else []
+        return np.asarray(order).tolist() if order is not None else []
 
     def add_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         """vLLM's unchanged; the probe registers the new request (a streaming update of a known
@@ -257,14 +263,21 @@ class FairwaySchedulerMixin:
         else:
             raw = []
         try:
-            order, moved = check_order(raw, n)
+            if isinstance(raw, HeadOrder):  # checked and applied from its head
+                head = check_head(raw, n)
+                order: np.ndarray | HeadOrder = raw
+            else:
+                order, moved = check_order(raw, n)
         except ValueError as exc:
             raise PolicyOrderError(
                 f"policy {self.fairway_options.policy!r} did not return a permutation of "
                 f"range({n}): {exc}"
             ) from None
         self.fairway_probe.mark_given(cols)
-        queue = self.fairway_probe.arrange(snap, order, moved)
+        if isinstance(order, HeadOrder):
+            queue = self.fairway_probe.arrange_head(snap, order, head)
+        else:
+            queue = self.fairway_probe.arrange(snap, order, moved)
         for request in snap.oversized:
             self._fairway_reject(request)
         lanes = getattr(self.fairway_policy, "last_lanes", None)

@@ -11,6 +11,7 @@ import pytest
 
 import fairway.policies as policies
 from fairway.policies.base import UNPLACED_LANE, arrival_order
+from fairway.policies.columns import HeadOrder
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +31,19 @@ def _spy(base):
             assert len(set(after)) == len(after), "no request twice in the queue"
             if placed is not None:  # the policy saw exactly what vLLM's own lookup finds now
                 probe = self.fairway_probe
-                for view in self.fairway_last_views:
+                views = self.fairway_last_views
+                for view in views:
                     fresh = probe.fresh_cached_tokens(self.requests[view.request_id])
                     assert view.cached_tokens == fresh, view
+                # the queue is the order applied (after the preempted requests kept first)
+                ordered = [views[i].request_id for i in self.fairway_last_order]
+                assert after[placed.num_fixed : placed.num_fixed + len(ordered)] == ordered
+                self.head_orders += isinstance(self._fairway_last.order, HeadOrder)
             self.spy_steps += 1
             return placed
 
     Spy.spy_steps = 0
+    Spy.head_orders = 0  # steps whose order came as a head (`HeadOrder`)
     return Spy
 
 
@@ -56,16 +63,16 @@ def _check_bound(sched) -> None:
     assert ahead <= views[oldest].remaining / weight + overshoot, (ahead, views[oldest])
 
 
-def _arrivals(rng, helpers, n0, now):
+def _arrivals(rng, helpers, n0, now, extra=0):
     prefixes = [helpers.tokens(100_000 * (g + 1), 16 * (2 + 5 * g)) for g in range(5)]
-    for k in range(rng.choice((0, 0, 1, 1, 2, 4))):
+    for k in range(rng.choice((0, 0, 1, 1, 2, 4)) + extra):
         n = n0 + k
         prefix = rng.choice(prefixes) if rng.random() < 0.8 else []
         prompt = prefix + helpers.tokens(1_000_000 + 1_000 * n, rng.randint(1, 300))
         yield f"q{n}", prompt, now - rng.random() * 0.2, rng.choice((1, 1, 1, 3))
 
 
-def _run(offline, helpers, policy, *, seed, async_scheduling=False):
+def _run(offline, helpers, policy, *, seed, async_scheduling=False, burst=0):
     from fairway.vllm.scheduler import FairwayAsyncScheduler, FairwayScheduler
 
     base = FairwayAsyncScheduler if async_scheduling else FairwayScheduler
@@ -86,7 +93,7 @@ def _run(offline, helpers, policy, *, seed, async_scheduling=False):
         clock[0] = step_no * 0.05
         if step_no < STEPS:
             for request_id, prompt, arrival, max_tokens in _arrivals(
-                rng, helpers, len(added), clock[0]
+                rng, helpers, len(added), clock[0], burst if step_no == 0 else 0
             ):
                 sched.add_request(offline.make_request(request_id, prompt, arrival, max_tokens))
                 added.append(request_id)
@@ -107,6 +114,22 @@ def _run(offline, helpers, policy, *, seed, async_scheduling=False):
 @pytest.mark.parametrize("policy", policies.names())
 def test_random_run_every_policy(offline, helpers, policy):
     _run(offline, helpers, policy, seed=sum(map(ord, policy)))
+
+
+@pytest.mark.parametrize("moved_by_slices", [8, 64])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_random_run_with_a_long_queue_orders_by_the_head(
+    offline, helpers, monkeypatch, async_scheduling, moved_by_slices
+):
+    """40 requests at the start: the queue outgrows the Fast lane's sorted prefix, so `fairway`
+    gives its order as a head (`HeadOrder`), and the queue is still exactly that order, whether
+    the probe moves the head by list slices (up to `_MIN_MOVED` rows in a short queue) or
+    rebuilds the queue from the whole order."""
+    from fairway.vllm import probe
+
+    monkeypatch.setattr(probe, "_MIN_MOVED", moved_by_slices)
+    sched = _run(offline, helpers, "fairway", seed=11, async_scheduling=async_scheduling, burst=40)
+    assert sched.head_orders > 0
 
 
 @pytest.mark.parametrize("policy", ["fairway", "lpm"])

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from fairway.policies import QueuedRequest, get, names
 from fairway.policies.columns import (
+    HeadOrder,
     KeyedState,
     QueueColumns,
+    check_head,
     check_order,
     check_permutation,
     order_of,
@@ -174,6 +176,32 @@ def test_the_oldest_row_is_the_first_earliest_arrival(arrivals: list[float]) -> 
     assert cols.oldest_row == arrivals.index(min(arrivals))
     cols.arrival[:] = 0.0  # read-only by contract: the row found first is kept
     assert cols.oldest_row == arrivals.index(min(arrivals))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 80))
+def test_a_head_order_is_its_head_then_the_other_rows_in_row_order(data, n: int) -> None:
+    """`HeadOrder` reads as the whole permutation (sequence, array, index); `check_head`
+    accepts exactly the heads of distinct rows in range(n)."""
+    head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
+    head = [row for row in head if row < n]
+    order = HeadOrder(head, n)
+    want = head + [row for row in range(n) if row not in set(head)]
+    assert list(order) == want and np.asarray(order).tolist() == want and len(order) == n
+    assert [order[i] for i in range(n)] == want and order[1:3] == want[1:3]
+    assert check_head(order, n) is head
+    assert check_order(order, n)[0].tolist() == want  # a full check agrees
+    if head:
+        with pytest.raises(ValueError, match="appears twice"):
+            check_head(HeadOrder([*head, head[0]], n), n)
+    with pytest.raises(ValueError, match="out of range"):
+        check_head(HeadOrder([n], n), n)
+    with pytest.raises(ValueError, match="out of range"):
+        check_head(HeadOrder([-1], n), n)
+    with pytest.raises(ValueError, match="list of ints"):
+        check_head(HeadOrder(np.array(head, dtype=np.intp), n), n)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"order of {n} rows"):
+        check_head(HeadOrder(head, n + 1), n)
 
 
 def test_keyed_state_grows_and_keeps_values() -> None:

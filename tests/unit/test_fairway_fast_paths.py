@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from fairway.policies import get
 from fairway.policies.base import PrefillingRequest
-from fairway.policies.fairway import _covering, _Lane, _others, _score_rows, _step_head
-from fairway.policies.fairway_step import _by_lane_keys, _Columns, _lane_head, _lane_top, _top
+from fairway.policies.fairway import _covering, _Lane, _score_rows, _step_head
+from fairway.policies.fairway_step import _Columns, _lane_head, _top
 from fairway.profiling.table import from_points
 
 
@@ -119,26 +119,6 @@ def test_covering_equals_the_cumulative_search(work, tokens) -> None:
     rest = np.arange(len(work))
     covered = np.searchsorted(np.cumsum(np.array(work, dtype=np.float64)), tokens)
     assert _covering(work, tokens) == len(rest[: int(covered) + 1])
-
-
-@settings(max_examples=500, deadline=None)
-@given(scores=keys.filter(len), head=st.integers(1, 64), data=st.data())
-def test_rows_outside_the_head_equal_the_placed_mask(scores, head, data) -> None:
-    """The rows the partial selection left out (its mask reused), the ties it cut off and not
-    the front: the rows a mask of the placed ones leaves, in row order."""
-    s = np.array(scores, dtype=np.float64)
-    n = len(s)
-    front = data.draw(st.one_of(st.none(), st.integers(0, n - 1)))
-    top, kept = _lane_top(s, head)
-    if kept is None:  # head >= n: nothing outside
-        return
-    fast = _by_lane_keys(top, s, np.zeros(n))
-    rest = fast[:head] if front is None else fast[:head][fast[:head] != front]
-    placed = np.zeros(n, dtype=bool)
-    placed[rest] = True
-    if front is not None:
-        placed[front] = True
-    assert _others(kept, fast[head:], front).tolist() == np.flatnonzero(~placed).tolist()
 
 
 @settings(max_examples=200, deadline=None)
