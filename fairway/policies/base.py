@@ -19,7 +19,7 @@ from fairway.errors import FairwayConfigError
 if TYPE_CHECKING:
     import numpy as np
 
-    from fairway.policies.columns import QueueColumns
+    from fairway.policies.columns import HeadOrder, QueueColumns
 
 #: The lane label of an ordered position that `Policy.order_head` left in queue order: no lane
 #: placed it. Equal to `fairway.vllm.metrics.NO_LANE` ("admitted outside Fairway's order");
@@ -176,8 +176,9 @@ class Policy:
         """Return a permutation of `range(len(queue))`, highest priority first."""
         raise NotImplementedError
 
-    def order_head(self, cols: QueueColumns, now: float, head: int) -> np.ndarray:
-        """The first `head` positions of the order, then the other rows in row (queue) order.
+    def order_head(self, cols: QueueColumns, now: float, head: int) -> np.ndarray | HeadOrder:
+        """The first `head` positions of the order, then the other rows in row (queue) order
+        (best as a `HeadOrder`: the scheduler then checks and applies only its head).
 
         For policies with `orders_head`. vLLM's scan admits at most its free request slots from
         the head of the queue, in order, so a caller that knows no more than `head` positions can

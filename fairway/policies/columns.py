@@ -147,15 +147,21 @@ class HeadOrder(Sequence[int]):
     def __getitem__(self, index: int) -> int: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[int]: ...
+    def __getitem__(self, index: slice) -> np.ndarray: ...
 
-    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+    def __getitem__(self, index: int | slice) -> int | np.ndarray:
+        """A row (int), or a slice of the whole order (an intp array, as an array's slice)."""
         if type(index) is int and 0 <= index < len(self.head):
             return self.head[index]
-        return self.full()[index].tolist()
+        part = self.full()[index]
+        return int(part) if isinstance(index, int) else part
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.full().tolist())
+        return iter(self.tolist())
+
+    def tolist(self) -> list[int]:
+        """The whole order as a list of ints (as an array's `tolist`)."""
+        return self.full().tolist()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         full = self.full()

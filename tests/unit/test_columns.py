@@ -188,7 +188,8 @@ def test_a_head_order_is_its_head_then_the_other_rows_in_row_order(data, n: int)
     order = HeadOrder(head, n)
     want = head + [row for row in range(n) if row not in set(head)]
     assert list(order) == want and np.asarray(order).tolist() == want and len(order) == n
-    assert [order[i] for i in range(n)] == want and order[1:3] == want[1:3]
+    assert [order[i] for i in range(n)] == want and order[1:3].tolist() == want[1:3]
+    assert order.tolist() == want
     assert check_head(order, n) is head
     assert check_order(order, n)[0].tolist() == want  # a full check agrees
     if head:
