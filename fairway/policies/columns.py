@@ -173,11 +173,31 @@ class HeadOrder(Sequence[int]):
     def full(self) -> np.ndarray:
         """The whole order as an intp array (the head must be distinct rows of range(n))."""
         if self._full is None:
-            head = np.array(self.head, dtype=np.intp)
-            others = np.ones(self.n, dtype=bool)
-            others[head] = False
-            self._full = np.concatenate((head, others.nonzero()[0]))
+            self._full = _head_then_rows(np.array(self.head, dtype=np.intp), self.n)
         return self._full
+
+
+#: `head_order` gives a `HeadOrder` for a head of up to this many rows; a longer head costs less
+#: as an array (numpy's check and gather, where Python would walk every row of the head).
+MAX_HEAD_ORDER = 64
+
+
+def head_order(head: list[int] | np.ndarray, n: int) -> HeadOrder | np.ndarray:
+    """The order `head` (distinct rows of range(n): a list of ints or an int array), then every
+    other row in row order: a `HeadOrder` when the head is short (`MAX_HEAD_ORDER`), else the
+    whole order as an intp array (what `order_head` policies return)."""
+    if len(head) <= MAX_HEAD_ORDER:
+        return HeadOrder(head if isinstance(head, list) else head.tolist(), n)
+    return _head_then_rows(np.asarray(head, dtype=np.intp), n)
+
+
+def _head_then_rows(head: np.ndarray, n: int) -> np.ndarray:
+    others = np.ones(n, dtype=bool)
+    others[head] = False
+    return np.concatenate((head, others.nonzero()[0]))
+
+
+_INTS = frozenset({int})
 
 
 def check_head(order: HeadOrder, n: int) -> list[int]:
@@ -186,7 +206,7 @@ def check_head(order: HeadOrder, n: int) -> list[int]:
     head = order.head
     if order.n != n:
         raise ValueError(f"expected an order of {n} rows, got one of {order.n}")
-    if not isinstance(head, list) or not all(type(row) is int for row in head):
+    if not isinstance(head, list) or not _INTS.issuperset(map(type, head)):  # in C
         raise ValueError(f"the head must be a list of ints, got {head!r:.80}")
     if head and (min(head) < 0 or max(head) >= n):
         raise ValueError(f"indices out of range({n})")

@@ -22,7 +22,7 @@ from fairway.policies.base import (
     StepShare,
     register_policy,
 )
-from fairway.policies.columns import HeadOrder, QueueColumns
+from fairway.policies.columns import HeadOrder, QueueColumns, head_order
 from fairway.policies.fairway_step import FastScore, _by_lane_keys, _Columns, _lane_top
 from fairway.policies.share import NO_CAP, ShareLedger, _plan
 
@@ -146,12 +146,9 @@ class FairwayPolicy(FastScore):
             cols, scores, front_wait, budget, n if scan is None else scan
         )
         # O (if it waits), the lane's prefix, the other rows in row order (`order_head`)
-        order: np.ndarray | HeadOrder
+        order = rest if front_wait is None else np.concatenate(([front_wait], rest))
         if partial:
-            head = rest.tolist()
-            order = HeadOrder(head if front_wait is None else [front_wait, *head], n)
-        else:
-            order = rest if front_wait is None else np.concatenate(([front_wait], rest))
+            order = head_order(order, n)
         self._pending = None
         share = None
         if budget is not None and front_run is not None:

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal, NamedTuple
 import numpy as np
 
 from fairway.policies.base import UNPLACED_LANE, Policy, QueuedRequest, register_policy
-from fairway.policies.columns import HeadOrder, QueueColumns
+from fairway.policies.columns import HeadOrder, QueueColumns, head_order
 from fairway.profiling.table import PrefillProfile, load
 
 WaitMode = Literal["relative", "absolute"]
@@ -242,9 +242,9 @@ class FairwayStepPolicy(FastScore):
         fair = np.argsort(cols.arrival, kind="stable").tolist()
         return self._merge(cols.work.tolist(), fast, fair, len(fast))
 
-    def order_head(self, cols: QueueColumns, now: float, head: int) -> HeadOrder:
+    def order_head(self, cols: QueueColumns, now: float, head: int) -> HeadOrder | np.ndarray:
         """The first `head` positions of `order()` exactly, then the rest in row order (see the
-        class docstring), given by its head (`HeadOrder`); O(n) numpy and O(head) Python."""
+        class docstring), a short head as a `HeadOrder`; O(n) numpy and O(head) Python."""
         n = len(cols)
         head = max(0, min(head, n))
         columns = _Columns.of_columns(cols)
@@ -258,7 +258,7 @@ class FairwayStepPolicy(FastScore):
             work = columns.work  # read only at the rows the merge places
             first = self._merge(work, fast.tolist(), fair.tolist(), head)
         self.last_lanes += [UNPLACED_LANE] * (n - head)
-        return HeadOrder(first, n)
+        return head_order(first, n)
 
     def _merge(
         self, work: Sequence[float] | np.ndarray, fast: list[int], fair: list[int], count: int

@@ -708,13 +708,12 @@ class PrefixProbe:
         queue with fixed or oversized requests, or a long head, through the whole order."""
         slots = snap.ordered_slots
         n = len(slots)
+        unmoved = head == list(range(len(head)))  # every row stays where it is
         if len(snap.fixed_slots) or len(snap.oversized_slots) or len(head) > max(
             _MIN_MOVED, n // _MOVED_SHARE
-        ):
-            full = order.full()
-            breaks = np.flatnonzero(full[1:] <= full[:-1])
-            return self.arrange(snap, full, int(breaks[-1]) + 1 if len(breaks) else 0)
-        if head == list(range(len(head))):  # every row stays where it is
+        ):  # `arrange` reads `moved` only to tell an unchanged queue, and its path by size
+            return self.arrange(snap, order.full(), 0 if unmoved else len(head))
+        if unmoved:
             queue = snap.current
         else:
             queue = _move_to_front(snap.current, head)

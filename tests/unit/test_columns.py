@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 from fairway.policies import QueuedRequest, get, names
 from fairway.policies.columns import (
+    MAX_HEAD_ORDER,
     HeadOrder,
     KeyedState,
     QueueColumns,
     check_head,
     check_order,
     check_permutation,
+    head_order,
     order_of,
 )
 
@@ -203,6 +205,19 @@ def test_a_head_order_is_its_head_then_the_other_rows_in_row_order(data, n: int)
         check_head(HeadOrder(np.array(head, dtype=np.intp), n), n)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=f"order of {n} rows"):
         check_head(HeadOrder(head, n + 1), n)
+
+
+@pytest.mark.parametrize("size", [0, 1, MAX_HEAD_ORDER, MAX_HEAD_ORDER + 1, 300])
+def test_a_short_head_is_kept_as_a_head_and_a_long_one_as_the_whole_order(size: int) -> None:
+    """`head_order`: the same order either way; a `HeadOrder` (checked and applied from its head)
+    up to MAX_HEAD_ORDER rows, an array (numpy's check and gather) beyond."""
+    n = 400
+    head = random.Random(size).sample(range(n), size)
+    want = head + sorted(set(range(n)) - set(head))
+    for rows in (head, np.array(head, dtype=np.intp)):
+        order = head_order(rows, n)
+        assert isinstance(order, HeadOrder) == (size <= MAX_HEAD_ORDER)
+        assert np.asarray(order).tolist() == want
 
 
 def test_keyed_state_grows_and_keeps_values() -> None:
