@@ -74,7 +74,7 @@ class PrefillingRequest:
     """A running request whose prefill is not finished (vLLM continues it before the queue).
 
     Read-only by contract, not frozen: the scheduler builds one per running prefill every step,
-    and a frozen dataclass's `__init__` costs about three times as much.
+    and a frozen dataclass's `__init__` sets each field through `object.__setattr__`.
 
     Attributes:
         request_id: the engine's id.

@@ -128,9 +128,9 @@ class HeadOrder(Sequence[int]):
     A policy that sorts only the head of the queue returns this instead of an n-sized array: the
     scheduler checks and applies it from the head alone (`check_head`,
     `PrefixProbe.arrange_head`), in Python over the head's few rows, where a full permutation
-    costs some fifteen numpy calls to check and apply (each several microseconds between vLLM's
-    steps, whatever n). Read as a sequence or as an array (`np.asarray`) it is the whole order,
-    built on first use.
+    is an n-sized array and a dozen numpy calls to build, check and apply (each with a cost of its
+    own between vLLM's steps, whatever n). Read as a sequence or as an array (`np.asarray`) it is
+    the whole order, built on first use.
     """
 
     __slots__ = ("head", "n", "_full")

@@ -702,10 +702,11 @@ class PrefixProbe:
         self._last_queue, self._last_slots = queue, slots
         return queue
 
-    def arrange_head(self, snap: QueueSnapshot, order: HeadOrder, head: list[int]) -> list[Request]:
-        """`arrange` for an order given by its head (`HeadOrder`, checked: `head`): the rows
-        `head` moved to the front by list slices (`_move_to_front`), their slots by a mask; a
-        queue with fixed or oversized requests, or a long head, through the whole order."""
+    def arrange_head(self, snap: QueueSnapshot, order: HeadOrder) -> list[Request]:
+        """`arrange` for an order given by its head (a `HeadOrder` that passed `check_head`): the
+        head's rows moved to the front by list slices (`_move_to_front`), their slots by a mask;
+        a queue with fixed or oversized requests, or a long head, through the whole order."""
+        head = order.head
         slots = snap.ordered_slots
         n = len(slots)
         unmoved = head == list(range(len(head)))  # every row stays where it is

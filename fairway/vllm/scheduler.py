@@ -264,7 +264,7 @@ class FairwaySchedulerMixin:
             raw = []
         try:
             if isinstance(raw, HeadOrder):  # checked and applied from its head
-                head = check_head(raw, n)
+                check_head(raw, n)
                 order: np.ndarray | HeadOrder = raw
             else:
                 order, moved = check_order(raw, n)
@@ -275,7 +275,7 @@ class FairwaySchedulerMixin:
             ) from None
         self.fairway_probe.mark_given(cols)
         if isinstance(order, HeadOrder):
-            queue = self.fairway_probe.arrange_head(snap, order, head)
+            queue = self.fairway_probe.arrange_head(snap, order)
         else:
             queue = self.fairway_probe.arrange(snap, order, moved)
         for request in snap.oversized:
