@@ -49,6 +49,8 @@ STARTUP_TIMEOUT_S = 240.0
 GRACE_S = DEFAULT_GRACE_S  # what `fairway serve` gives the server after SIGTERM
 #: The queues must be empty this soon after the last answer (aborts are processed at once).
 DRAIN_TIMEOUT_S = 20.0
+#: The replay's start-up (importing vLLM's client side, reading the trace) on a busy machine.
+REPLAY_START_TIMEOUT_S = 120.0
 #: Token ids inside the tiny model's vocabulary (3 specials, 512 ids).
 _LOW, _HIGH = 3, 512
 
@@ -243,6 +245,20 @@ def _hold_streams(server: FaultServer, n: int) -> tuple[threading.Thread, list[s
     return thread, outcomes
 
 
+def _wait_in_flight(server: FaultServer, replay: subprocess.Popen[str], at_least: int,
+                    timeout_s: float) -> list[float]:
+    """Samples of waiting + running until `at_least` are in flight, the replay ends or time is up."""
+    seen: list[float] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and replay.poll() is None:
+        waiting, running, _ = _queues(server)
+        seen.append((waiting or 0) + (running or 0))
+        if seen[-1] >= at_least:
+            break
+        time.sleep(0.5)
+    return seen or [0.0]
+
+
 def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_path: Path,
                                              e2e: SimpleNamespace) -> None:
     trace = tmp_path / "flood.jsonl"
@@ -257,15 +273,24 @@ def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_pat
          "--timeout-s", str(replay_timeout_s), "--no-progress", "--out", str(tmp_path / "out")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    holder, held = _hold_streams(fault_server, 12)
+    holder: threading.Thread | None = None
+    held: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        in_flight = 0.0
-        while time.monotonic() < deadline and in_flight < 16:
-            waiting, running, _ = _queues(fault_server)
-            in_flight = (waiting or 0) + (running or 0)
-            time.sleep(0.5)
-        assert in_flight >= 16, "the replay and the held streams were never in flight"
+        # The replay starts first, the held streams once it is sending (its start-up takes seconds
+        # to tens of seconds on a busy 2-core machine): started together, the 12 held streams could
+        # be answered before the replay sent anything, and the server would be stopped idle.
+        seen = _wait_in_flight(fault_server, replay, at_least=1, timeout_s=REPLAY_START_TIMEOUT_S)
+        if replay.poll() is not None:
+            pytest.fail(f"the replay exited with {replay.returncode} before SIGTERM:\n"
+                        f"{replay.stderr.read()}")
+        assert seen[-1] >= 1, f"the replay sent nothing in {REPLAY_START_TIMEOUT_S:.0f} s: {seen}"
+        holder, held = _hold_streams(fault_server, 12)
+        seen = _wait_in_flight(fault_server, replay, at_least=16, timeout_s=60.0)
+        assert seen[-1] >= 16, \
+            f"the replay and the held streams were never 16 in flight (samples: {seen})"
+        if replay.poll() is not None:
+            pytest.fail(f"the replay exited with {replay.returncode} before SIGTERM:\n"
+                        f"{replay.stderr.read()}")
         tree = set(e2e.process_tree(fault_server.proc.pid))
         stopped_at = time.monotonic()
         fault_server.proc.send_signal(signal.SIGTERM)
@@ -277,6 +302,7 @@ def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_pat
         if replay.poll() is None:
             replay.kill()
             replay.wait()
+    assert holder is not None
     holder.join(timeout=30)
     log = fault_server.log_tail()
     # 143: killed after the grace (vLLM 0.32 waits for the held streams); 0: it exited by itself.
