@@ -37,6 +37,7 @@ from types import SimpleNamespace
 import aiohttp
 import httpx
 import pytest
+from machine_state import MachineWatch
 from test_serve import metric_sum
 
 from fairway.cli import main as fairway_main
@@ -49,8 +50,12 @@ STARTUP_TIMEOUT_S = 240.0
 GRACE_S = DEFAULT_GRACE_S  # what `fairway serve` gives the server after SIGTERM
 #: The queues must be empty this soon after the last answer (aborts are processed at once).
 DRAIN_TIMEOUT_S = 20.0
-#: The replay's start-up (importing vLLM's client side, reading the trace) on a busy machine.
-REPLAY_START_TIMEOUT_S = 120.0
+#: The replay's start-up (~3 s here: imports, the trace, its server checks) on a busy machine.
+REPLAY_START_TIMEOUT_S = 180.0
+#: Then the replay's requests and 12 held streams must be in flight together this soon.
+IN_FLIGHT_TIMEOUT_S = 60.0
+#: A /metrics read slower than this is recorded as unanswered (the wait goes on).
+METRICS_TIMEOUT_S = 10.0
 #: Token ids inside the tiny model's vocabulary (3 specials, 512 ids).
 _LOW, _HIGH = 3, 512
 
@@ -150,8 +155,16 @@ async def _stream(session: aiohttp.ClientSession, server: FaultServer, prompt: l
     return answer
 
 
-def _queues(server: FaultServer) -> tuple[float | None, float | None, float | None]:
-    text = httpx.get(f"{server.url}/metrics", timeout=30.0).text
+def _queues(server: FaultServer, timeout_s: float = 30.0,
+            ) -> tuple[float | None, float | None, float | None]:
+    """vLLM's waiting and running gauges and Fairway's fallback count (None: not reported).
+
+    Raises:
+        httpx.HTTPError: no answer within `timeout_s`, or not HTTP 200.
+    """
+    response = httpx.get(f"{server.url}/metrics", timeout=timeout_s)
+    response.raise_for_status()
+    text = response.text
     return (metric_sum(text, "vllm:num_requests_waiting"),
             metric_sum(text, "vllm:num_requests_running"),
             metric_sum(text, "fairway:policy_fallbacks_total"))
@@ -245,18 +258,61 @@ def _hold_streams(server: FaultServer, n: int) -> tuple[threading.Thread, list[s
     return thread, outcomes
 
 
+@dataclass
+class Sample:
+    """One read of the server's queues while waiting for requests in flight."""
+
+    at_s: float  # since the wait began
+    took_s: float  # how long /metrics took to answer
+    in_flight: float | None  # waiting + running; None: /metrics did not answer
+
+
 def _wait_in_flight(server: FaultServer, replay: subprocess.Popen[str], at_least: int,
-                    timeout_s: float) -> list[float]:
-    """Samples of waiting + running until `at_least` are in flight, the replay ends or time is up."""
-    seen: list[float] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and replay.poll() is None:
-        waiting, running, _ = _queues(server)
-        seen.append((waiting or 0) + (running or 0))
-        if seen[-1] >= at_least:
+                    timeout_s: float) -> list[Sample]:
+    """Samples of waiting + running until `at_least` are in flight, the replay ends or time is up.
+
+    A /metrics request that fails or takes over `METRICS_TIMEOUT_S` is a sample without a count
+    (it does not end the wait): a slow answer is a symptom for the failure message to show.
+    """
+    samples: list[Sample] = []
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s and replay.poll() is None:
+        asked = time.monotonic()
+        try:
+            waiting, running, _ = _queues(server, timeout_s=METRICS_TIMEOUT_S)
+            in_flight: float | None = (waiting or 0.0) + (running or 0.0)
+        except httpx.HTTPError:
+            in_flight = None
+        samples.append(Sample(round(asked - began, 1), round(time.monotonic() - asked, 2),
+                              in_flight))
+        if in_flight is not None and in_flight >= at_least:
             break
         time.sleep(0.5)
-    return seen or [0.0]
+    return samples
+
+
+def _reached(samples: list[Sample], at_least: int) -> bool:
+    return bool(samples) and samples[-1].in_flight is not None and samples[-1].in_flight >= at_least
+
+
+def _fail_before_sigterm(what: str, samples: list[Sample], replay: subprocess.Popen[str],
+                         replay_log: Path, server: FaultServer, watch: MachineWatch) -> None:
+    """Fail with everything that tells a slow machine from a stuck server or client."""
+    machine = watch.report()  # before the replay is stopped: its CPU time is part of the story
+    if replay.poll() is None:
+        replay.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            replay.wait(timeout=10)
+        state = "still running (stopped now)"
+    else:
+        state = f"exited with {replay.returncode}"
+    shown = ", ".join(f"{s.at_s:.0f}s:{'-' if s.in_flight is None else f'{s.in_flight:.0f}'}"
+                      f"({s.took_s:.1f}s)" for s in samples[-40:])
+    pytest.fail(
+        f"{what}\nsamples (time: in flight (time /metrics took); - = no answer): {shown}\n"
+        f"{machine}\nthe replay {state}; its stderr:\n{replay_log.read_text(errors='replace')}\n"
+        f"server log:\n{server.log_tail()}"
+    )
 
 
 def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_path: Path,
@@ -267,36 +323,38 @@ def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_pat
         "--capacity-tps", "7000", "--param", "prefix_tokens=1024", "--param", "suffix_tokens=128",
         "--param", "miss_tokens=1536", "-o", str(trace),
     ]) == 0
+    watch = MachineWatch.start(e2e.process_tree(fault_server.proc.pid))
     replay_timeout_s = 300
-    replay = subprocess.Popen(
-        [*e2e.fairway_command(), "replay", "--url", fault_server.url, "--trace", str(trace),
-         "--timeout-s", str(replay_timeout_s), "--no-progress", "--out", str(tmp_path / "out")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
+    replay_log = tmp_path / "replay.stderr"
+    with open(replay_log, "w") as err_file:  # a file, not a pipe: a full pipe would stall it
+        replay = subprocess.Popen(
+            [*e2e.fairway_command(), "replay", "--url", fault_server.url, "--trace", str(trace),
+             "--timeout-s", str(replay_timeout_s), "--no-progress", "--out", str(tmp_path / "out")],
+            stdout=subprocess.DEVNULL, stderr=err_file, text=True,
+        )
+    watch.add([replay.pid])
     holder: threading.Thread | None = None
     held: list[str] = []
     try:
         # The replay starts first, the held streams once it is sending (its start-up takes seconds
         # to tens of seconds on a busy 2-core machine): started together, the 12 held streams could
         # be answered before the replay sent anything, and the server would be stopped idle.
-        seen = _wait_in_flight(fault_server, replay, at_least=1, timeout_s=REPLAY_START_TIMEOUT_S)
-        if replay.poll() is not None:
-            pytest.fail(f"the replay exited with {replay.returncode} before SIGTERM:\n"
-                        f"{replay.stderr.read()}")
-        assert seen[-1] >= 1, f"the replay sent nothing in {REPLAY_START_TIMEOUT_S:.0f} s: {seen}"
+        samples = _wait_in_flight(fault_server, replay, at_least=1,
+                                  timeout_s=REPLAY_START_TIMEOUT_S)
+        if not _reached(samples, 1):
+            _fail_before_sigterm(f"the replay sent nothing in {REPLAY_START_TIMEOUT_S:.0f} s",
+                                 samples, replay, replay_log, fault_server, watch)
         holder, held = _hold_streams(fault_server, 12)
-        seen = _wait_in_flight(fault_server, replay, at_least=16, timeout_s=60.0)
-        assert seen[-1] >= 16, \
-            f"the replay and the held streams were never 16 in flight (samples: {seen})"
-        if replay.poll() is not None:
-            pytest.fail(f"the replay exited with {replay.returncode} before SIGTERM:\n"
-                        f"{replay.stderr.read()}")
+        samples += _wait_in_flight(fault_server, replay, at_least=16, timeout_s=IN_FLIGHT_TIMEOUT_S)
+        if not _reached(samples, 16) or replay.poll() is not None:
+            _fail_before_sigterm("the replay and the held streams were never 16 in flight",
+                                 samples, replay, replay_log, fault_server, watch)
         tree = set(e2e.process_tree(fault_server.proc.pid))
         stopped_at = time.monotonic()
         fault_server.proc.send_signal(signal.SIGTERM)
         code = fault_server.proc.wait(timeout=GRACE_S + 30)
         server_s = time.monotonic() - stopped_at
-        _, err = replay.communicate(timeout=90)
+        replay.wait(timeout=90)
         replay_s = time.monotonic() - stopped_at
     finally:
         if replay.poll() is None:
@@ -305,6 +363,7 @@ def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_pat
     assert holder is not None
     holder.join(timeout=30)
     log = fault_server.log_tail()
+    err = replay_log.read_text(errors="replace")
     # 143: killed after the grace (vLLM 0.32 waits for the held streams); 0: it exited by itself.
     assert code in (0, 128 + signal.SIGTERM), f"server exit code {code}\n{log}"
     assert not holder.is_alive() and len(held) == 12, f"held streams still open: {held}"
