@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 import aiohttp
 import httpx
@@ -285,7 +286,7 @@ def _wait_in_flight(server: FaultServer, replay: subprocess.Popen[str], at_least
             in_flight = None
         samples.append(Sample(round(asked - began, 1), round(time.monotonic() - asked, 2),
                               in_flight))
-        if in_flight is not None and in_flight >= at_least:
+        if _reached(samples, at_least):
             break
         time.sleep(0.5)
     return samples
@@ -296,7 +297,7 @@ def _reached(samples: list[Sample], at_least: int) -> bool:
 
 
 def _fail_before_sigterm(what: str, samples: list[Sample], replay: subprocess.Popen[str],
-                         replay_log: Path, server: FaultServer, watch: MachineWatch) -> None:
+                         replay_log: Path, server: FaultServer, watch: MachineWatch) -> NoReturn:
     """Fail with everything that tells a slow machine from a stuck server or client."""
     machine = watch.report()  # before the replay is stopped: its CPU time is part of the story
     if replay.poll() is None:
