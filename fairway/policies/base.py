@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from fairway.errors import FairwayConfigError
@@ -120,27 +120,27 @@ class StepShare:
     """A cross-step policy's decision for one step (see `Policy.step_share`).
 
     Attributes:
-        waiting_order: the waiting queue's new order (a permutation of its indices; `fairway`
-            gives an intp array, so that the scheduler builds no list of n Python ints).
+        waiting_order: the waiting queue's new order (a permutation of its indices, or a
+            `HeadOrder`).
         front_id: the Fair lane's front (the oldest request not done with its prefill), if any.
         cap: per-request prefill cap for this step (vLLM's `long_prefill_token_threshold`), or
             None to leave the engine's own setting.
-        running_first: prefilling running requests to serve before the front in this step, in
-            that order (only when the front is running; the others are served after it).
+        running_order: prefilling running requests in the order to serve them this step (they
+            trade places among the positions prefills hold in vLLM's running list).
         hold: prefilling running requests left out of this step.
-        budget / floor / target / front_demand: P, floor(P / (1 + w)), the front's entitlement
-            this step and its remaining tokens (for the ledgers, metrics and tests).
+        budget: P, the step's prefill tokens (budget minus decodes and the requests served first).
+        contested: whether the lanes contest this step (the ledgers are charged after it).
+        lanes: request id -> the lane ("fast" / "fair") that placed it, for the placed requests.
     """
 
     waiting_order: Sequence[int] | np.ndarray
     front_id: str | None = None
     cap: int | None = None
-    running_first: tuple[str, ...] = ()
+    running_order: tuple[str, ...] = ()
     hold: frozenset[str] = frozenset()
     budget: int = 0
-    floor: int = 0
-    target: int = 0
-    front_demand: int = 0
+    contested: bool = False
+    lanes: Mapping[str, str] = field(default_factory=dict)
 
 
 class Policy:

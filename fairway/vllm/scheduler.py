@@ -335,7 +335,8 @@ class FairwaySchedulerMixin:
         by_request = share.prefill_by_request(self, output)
         total = sum(by_request.values())
         self.fairway_policy.on_step_end(admitted_ids, total, prefill_by_request=by_request)
-        fair = by_request.get(step_share.front_id, 0) if step_share.front_id else 0
+        lanes = step_share.lanes
+        fair = sum(n for rid, n in by_request.items() if lanes.get(rid) == "fair")
         lane_tokens = self.fairway_stats.lane_prefill_tokens
         lane_tokens["fair"] += fair
         lane_tokens["fast"] += total - fair

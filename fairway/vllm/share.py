@@ -7,8 +7,8 @@ A share is applied with exactly those knobs, for the duration of one `schedule()
 
 * the cap: the threshold is set to the share's cap (and vLLM's adaptive floor,
   `long_prefill_token_threshold_adaptive`, is suspended: it would raise the cap);
-* the running order: the front O and the Fast-lane prefills named in `running_first` trade
-  places among the list positions that prefilling requests hold (decodes keep theirs);
+* the running order: the prefills named in `running_order` are served in that order, in the
+  list positions that prefilling requests hold (decodes keep theirs);
 * hold-back: the running prefills in `hold` leave the list for the step (and the request-slot
   limit `max_num_active_reqs` shrinks by as many, so vLLM cannot start more requests than it
   has slots for).
@@ -165,17 +165,17 @@ def apply(scheduler: Scheduler, share: StepShare) -> ShareUndo:
         adaptive=scheduler.adaptive_long_prefill_threshold,  # vLLM internal
         active=scheduler.max_num_active_reqs,  # vLLM internal
     )
-    if share.cap is None or share.front_id is None:
+    if share.cap is None:
         return undo
     running = scheduler.running  # vLLM internal: Scheduler.running
-    reorder = bool(share.running_first) or _front_is_running(running, share.front_id)
+    reorder = len(share.running_order) > 1
     if reorder or share.hold:  # the list's own order, to put back
         undo.running = list(running)
     try:
         config.long_prefill_token_threshold = share.cap
         scheduler.adaptive_long_prefill_threshold = False
         if reorder:
-            undo.reordered = _reorder_running(running, share)
+            undo.reordered = _reorder_running(running, share.running_order)
         if share.hold:
             undo.held = [r for r in running if r.request_id in share.hold]
             running[:] = [r for r in running if r.request_id not in share.hold]
@@ -186,21 +186,13 @@ def apply(scheduler: Scheduler, share: StepShare) -> ShareUndo:
     return undo
 
 
-def _front_is_running(running: list[Request], front_id: str) -> bool:
-    return any(r.request_id == front_id for r in running)
-
-
-def _reorder_running(running: list[Request], share: StepShare) -> bool:
-    """Serve `running_first`, then O, then the other prefills, in the prefills' own positions."""
+def _reorder_running(running: list[Request], order: tuple[str, ...]) -> bool:
+    """Serve the prefills named in `order` in that order, in the prefills' own list positions
+    (the ones not named keep their relative order after them)."""
     slots = [k for k, r in enumerate(running) if r.is_prefill_chunk]  # vLLM internal
-    if not share.running_first and (not slots or running[slots[0]].request_id == share.front_id):
-        return False  # O already leads the prefills (the usual step), or none: nothing to move
-    first = {rid: k for k, rid in enumerate(share.running_first)}
+    rank = {rid: k for k, rid in enumerate(order)}
     prefills = [running[k] for k in slots]
-    front = [r for r in prefills if r.request_id == share.front_id]
-    head = sorted((r for r in prefills if r.request_id in first), key=lambda r: first[r.request_id])
-    tail = [r for r in prefills if r.request_id not in first and r.request_id != share.front_id]
-    new = head + front + tail
+    new = sorted(prefills, key=lambda r: rank.get(r.request_id, len(rank)))  # stable
     if new == prefills:
         return False
     for k, request in zip(slots, new, strict=True):

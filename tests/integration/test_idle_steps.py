@@ -2,11 +2,10 @@
 
 With every request slot taken and no running request in prefill, vLLM can start nothing and has
 no prefill to cap, so the step is not contested: the scheduler only advances the probe and calls
-the policy's `idle_step()` (ledgers reset, as the plan would). Two real schedulers, one planning
-every step as before (the check `has_running_prefill` forced true), get the same workload with
-long decodes that fill the slots; every step must schedule the same requests and tokens, and the
-ledgers must agree after every step. (`tests/unit/test_share.py` checks that `idle_step()` leaves
-the policy as the plan of such a step does.)
+the policy's `idle_step()` (ledgers kept, as the plan of such a step keeps them). Two real
+schedulers, one planning every step as before (the check `has_running_prefill` forced true),
+get the same workload with long decodes that fill the slots; every step must schedule the same
+requests and tokens, and the ledgers must agree after every step.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ def _run(offline, helpers, monkeypatch, always_plan: bool, seed: int):
         output, _ = offline.step(sched)
         record.append(list(output.num_scheduled_tokens.items()))
         ledger = sched.fairway_policy.ledger
-        ledgers.append((ledger.fair_deficit, ledger.fast_deficit, ledger.contest_steps))
+        ledgers.append((ledger.fast, ledger.fair, ledger.steps, ledger.active))
     monkeypatch.undo()
     return record, ledgers, sched
 

@@ -64,22 +64,30 @@ def test_same_scheduler_class_serves_other_policies(offline, helpers, policy, ex
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_fairway_shares_the_first_step_then_the_miss_runs_alone(offline, helpers, async_scheduling):
-    """The cross-step share: M's floor is 409 (2,048 / 5); the Fast lane's 1,639 tokens go in
-    score order, the five hits (1,500) first and the other 139 to M: the seed's step, by another
-    route. Once the hits are done, M is alone and gets whole steps (no cap)."""
+def test_fairway_takes_the_seeds_first_step_then_carries_the_charges(
+    offline, helpers, async_scheduling
+):
+    """`fairway`'s first contested step is the seed's: the five hits (1,500 tokens = M / 4), then
+    548 tokens of M. The ledgers start at (4 x 300, 6,000) and are charged what vLLM scheduled:
+    Fast 1,200 + 4 x 1,500 = 7,200, Fair 6,000 + 548. Once the hits are done M is alone: no
+    contest, whole steps (no cap)."""
     sched = _build(offline, helpers, "fairway", async_scheduling=async_scheduling)
-    before = dict(sched.fairway_totals.lane_prefill_tokens)  # S alone: its 6,000 count as fair
+    before = dict(sched.fairway_totals.lane_prefill_tokens)
     out, _ = offline.step(sched)
     assert out.num_scheduled_tokens == {
         "H1": 300, "H2": 300, "H3": 300, "H4": 300, "H5": 300, "M": 548,
     }  # fmt: skip
     share = sched.fairway_policy.last_share
-    assert (share.front_id, share.floor, share.target) == ("M", 409, 548)
+    assert (share.front_id, share.contested) == ("M", True)
     assert sched.fairway_policy.last_lanes == ["fast"] * 5 + ["fair"]
+    ledger = sched.fairway_policy.ledger
+    assert (ledger.fast, ledger.fair, ledger.fast_tokens, ledger.fair_tokens) == (
+        7_200, 6_548, 1_500, 548
+    )  # fmt: skip
     assert sched.scheduler_config.long_prefill_token_threshold == 0  # restored
     out, _ = offline.step(sched)
     assert dict(out.num_scheduled_tokens) == {"M": 2_048}
+    assert not sched.fairway_policy.last_share.contested
     offline.run_until_idle(sched)
     assert not sched.requests
     lanes = sched.fairway_totals.lane_prefill_tokens

@@ -1,11 +1,10 @@
 """The per-step shortcuts of `fairway`'s `step_share` against the numpy forms they replace.
 
 `step_share` runs before every step over 1,000s of waiting requests, so its small parts avoid
-numpy calls on tiny arrays and n-sized temporaries: the running prefills' scores in scalar math,
-the lane's head by a partition of the scores themselves (not of their negation), the covering
-prefix and the rows outside the head from data already at hand. Each must give exactly what the
-form it replaced gave (bit for bit: the plan compares and sorts these numbers). The replaced
-forms are kept here as the reference.
+numpy calls on tiny arrays and n-sized temporaries: the running prefills' scores in scalar math
+and the lane's head by a partition of the scores themselves (not of their negation). Each must
+give exactly what the form it replaced gave (bit for bit: the merge compares these numbers).
+The replaced forms are kept here as the reference.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from hypothesis import strategies as st
 
 from fairway.policies import get
 from fairway.policies.base import PrefillingRequest
-from fairway.policies.fairway import _covering, _Lane, _score_rows, _step_head
 from fairway.policies.fairway_step import _Columns, _lane_head, _top
 from fairway.profiling.table import from_points
 
@@ -111,40 +109,3 @@ def test_lane_head_equals_the_negated_selection(scores, arrival_ties, head, data
     arrival = np.array(data.draw(st.lists(times, min_size=len(s), max_size=len(s))), np.float64)
     assert _lane_head(s, arrival, head).tolist() == _ref_lane_head(s, arrival, head).tolist()
     assert _top(s, head).tolist() == _ref_top(s, head).tolist()
-
-
-@settings(max_examples=500, deadline=None)
-@given(work=st.lists(st.integers(1, 5000).map(float), max_size=40), tokens=st.integers(0, 30_000))
-def test_covering_equals_the_cumulative_search(work, tokens) -> None:
-    rest = np.arange(len(work))
-    covered = np.searchsorted(np.cumsum(np.array(work, dtype=np.float64)), tokens)
-    assert _covering(work, tokens) == len(rest[: int(covered) + 1])
-
-
-@settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 40), data=st.data())
-def test_score_rows_equal_the_gathered_columns(n, data) -> None:
-    """Element by element (a few rows) or gathered (more), the same floats."""
-    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=20)), dtype=np.intp)
-    scores = np.array(data.draw(st.lists(st.floats(-1e6, 1e6), min_size=n, max_size=n)))
-    arrival = np.array(data.draw(st.lists(st.floats(0, 1e9), min_size=n, max_size=n)))
-    cols = _Columns(arrival, np.zeros(n), np.zeros(n), np.ones(n))
-    got = _score_rows(_Lane(cols, scores, rows, []), rows)
-    assert (_bits(got[0]), _bits(got[1])) == (_bits(scores[rows]), _bits(arrival[rows]))
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    demands=st.lists(st.integers(1, 2**40), min_size=1, max_size=300),
-    free=st.integers(0, 320),
-    data=st.data(),
-)
-def test_step_head_demands_equal_the_per_element_ints(demands, free, data) -> None:
-    """The step head's demands, converted in numpy when many slots are free, are the ints of the
-    lane's work list (what every slot count converted element by element before)."""
-    all_work = np.array(demands, dtype=np.float64)
-    rest = np.array(data.draw(st.permutations(range(len(demands)))), dtype=np.intp)
-    work = all_work[rest].tolist()
-    got, _ = _step_head(work, free, rest, all_work, None)
-    assert got == [int(w) for w in work[: max(0, free)]]
-    assert all(type(d) is int for d in got)
