@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import fairway
 import fairway.policies as policies
-from fairway.errors import FairwayConfigError
+from fairway.errors import FairwayConfigError, TraceError
 from fairway.options import FairwayOptions
 from fairway.profiling import step_time
 from fairway.profiling.step_time import StepTimeModel
@@ -45,6 +45,10 @@ DEFAULT_BATCHED_TOKENS = 2048
 DEFAULT_MAX_NUM_SEQS = 256
 #: Smallest `max_model_len` the replay configures (longer when a trace needs it).
 MIN_MODEL_LEN = 32_768
+#: Longest prompt the replay accepts: the context of the model it stands for (Llama-3.1-8B, the
+#: shipped table's), which the offline engine's config declares
+#: (`fairway.vllm.offline.MODEL_CONTEXT_TOKENS`, kept equal by a test; not imported: vLLM).
+MAX_PROMPT_TOKENS = 131_072
 
 
 # --- time -----------------------------------------------------------------------------------------
@@ -148,6 +152,42 @@ def size_cache(
     wanted = -(-math.ceil(cache_fraction * reusable) // block_size) + 1
     blocks, source = (wanted, "fraction") if wanted >= floor else (floor, "floor")
     return CacheSizing(blocks, reusable, cache_fraction, wanted, floor, source, block_size)
+
+
+# --- lengths --------------------------------------------------------------------------------------
+
+
+def check_prompt_lengths(trace: Trace, trace_name: str | None = None,
+                         limit: int = MAX_PROMPT_TOKENS) -> None:
+    """Refuse a trace with a prompt longer than the model's context, before vLLM sees it.
+
+    vLLM's own check of an oversized `max_model_len` is a pydantic error deep in its config (a
+    traceback, and unpicklable from a worker process); this one names the request.
+
+    Raises:
+        TraceError: the longest such prompt: its request id, its tokens and the limit.
+    """
+    longest = max(trace.requests, key=lambda r: r.prompt_tokens, default=None)
+    if longest is None or longest.prompt_tokens <= limit:
+        return
+    over = sum(r.prompt_tokens > limit for r in trace.requests)
+    name = trace_name or default_trace_name(trace)
+    raise TraceError(
+        f"trace {name!r}: request {longest.request_id!r} has a {longest.prompt_tokens:,}-token "
+        f"prompt ({over} of {len(trace.requests)} requests are longer than {limit:,} tokens, "
+        "the model's context, the longest prompt the replay's engine accepts); cut the prompts "
+        "(e.g. the mooncake family's --param max_prompt_tokens=N) or leave those requests out"
+    )
+
+
+def model_len(trace: Trace, block_size: int) -> int:
+    """The replay's `max_model_len`: its longest prompt plus output, in whole blocks.
+
+    Never below `MIN_MODEL_LEN`; a prompt at the full context with its output tokens gets a
+    length just above the context (the offline config declares the positions to match).
+    """
+    longest = max((r.prompt_tokens + r.max_tokens for r in trace.requests), default=1)
+    return max(MIN_MODEL_LEN, -(-longest // block_size) * block_size)
 
 
 # --- recording ------------------------------------------------------------------------------------
@@ -328,7 +368,12 @@ def replay(
 
     Returns:
         The `ReplayResult` (`simulated_s` = virtual seconds, `wall_s` = real seconds).
+
+    Raises:
+        TraceError: a prompt longer than `MAX_PROMPT_TOKENS` (`check_prompt_lengths`); any
+            shorter one replays, `max_model_len` sized to it (`model_len`).
     """
+    check_prompt_lengths(trace, trace_name)  # before vLLM's import, so a worker fails fast
     from fairway.vllm import offline, probe  # lazy: imports vLLM (~5-10 s)
 
     started = time.perf_counter()
@@ -338,8 +383,7 @@ def replay(
         trace, cache_fraction=cache_fraction, num_blocks=num_blocks, block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    longest = max((r.prompt_tokens + r.max_tokens for r in trace.requests), default=1)
-    max_model_len = max(MIN_MODEL_LEN, -(-longest // block_size) * block_size)
+    max_model_len = model_len(trace, block_size)
     # A name or path travels as such (short start-up log line); the policy loads the same table.
     ref = DEFAULT_PROFILE if profile is None else profile
     ref = ref if isinstance(ref, PrefillProfile) else str(ref)
@@ -361,8 +405,7 @@ def replay(
     loop = _Loop(trace, scheduler, cost, clock, offline, probe, block_size, progress, hooks)
     loop.run()
     wall = time.perf_counter() - started
-    settings = _settings(trace, policy, scheduler, cost, sizing, loop, max_model_len,
-                         max_num_batched_tokens, max_num_seqs)
+    settings = _settings(trace, policy, scheduler, cost, sizing, loop)
     settings["profile"] = ref if isinstance(ref, str) else "(PrefillProfile object)"
     result = ReplayResult(
         policy=policy,
@@ -493,11 +536,15 @@ class _Loop:
 
 
 def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
-              sizing: CacheSizing, loop: _Loop, max_model_len: int, max_num_batched_tokens: int,
-              max_num_seqs: int) -> dict[str, Any]:
-    """Everything needed to reproduce (and to trust) the run; deterministic (no wall times)."""
+              sizing: CacheSizing, loop: _Loop) -> dict[str, Any]:
+    """Everything needed to reproduce (and to trust) the run; deterministic (no wall times).
+
+    The engine's limits are read back from the scheduler's own config, so the result shows what
+    vLLM ran with, not what was asked for.
+    """
     header = trace.header
     totals = scheduler.fairway_totals
+    engine_config = scheduler.scheduler_config
     return {
         "mode": "virtual",
         "policy": policy,
@@ -505,9 +552,9 @@ def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
         "fairway_options": scheduler.fairway_options.describe(),
         "cost_model": cost.describe(),
         "kv_cache": sizing.to_json(),
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "max_num_seqs": max_num_seqs,
-        "max_model_len": max_model_len,
+        "max_num_batched_tokens": engine_config.max_num_batched_tokens,
+        "max_num_seqs": engine_config.max_num_seqs,
+        "max_model_len": scheduler.max_model_len,
         "chunked_prefill": True,
         "prefix_caching": True,
         "vllm": vllm_version(),

@@ -73,19 +73,36 @@ TINY_MODEL_CONFIG: dict[str, Any] = {
     "eos_token_id": 2,
 }
 
+#: The context of the model the offline engine stands for (Llama-3.1-8B's 131,072 tokens): the
+#: longest prompt the virtual replay accepts.
+MODEL_CONTEXT_TOKENS: int = TINY_MODEL_CONFIG["max_position_embeddings"]
+
 _hashers: dict[int, Any] = {}
 
 
-def write_tiny_model_config(directory: str | os.PathLike[str] | None = None) -> str:
+def write_tiny_model_config(
+    directory: str | os.PathLike[str] | None = None, *, max_position_embeddings: int | None = None
+) -> str:
     """Write the tiny model's `config.json` into `directory` (default: a per-user temp dir).
 
     Returns the directory, usable as vLLM's `model` argument. Idempotent: an identical file is
     left alone, so concurrent test processes do not race on it.
+
+    Args:
+        directory: where to write (default: a per-user temp dir, one per positions value, so
+            replays of different lengths never rewrite each other's file).
+        max_position_embeddings: positions the config declares (default: the context,
+            `MODEL_CONTEXT_TOKENS`). vLLM refuses a `max_model_len` above it; a prompt at the
+            full context plus its output tokens needs a little more, and no model runs here.
     """
-    path = Path(directory) if directory is not None else _default_model_dir()
+    config = dict(TINY_MODEL_CONFIG)
+    if max_position_embeddings is not None:
+        config["max_position_embeddings"] = int(max_position_embeddings)
+    positions = config["max_position_embeddings"]
+    path = Path(directory) if directory is not None else _default_model_dir(positions)
     path.mkdir(parents=True, exist_ok=True)
     target = path / "config.json"
-    text = json.dumps(TINY_MODEL_CONFIG, indent=2, sort_keys=True)
+    text = json.dumps(config, indent=2, sort_keys=True)
     if not target.exists() or target.read_text() != text:
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
@@ -93,8 +110,9 @@ def write_tiny_model_config(directory: str | os.PathLike[str] | None = None) -> 
     return str(path)
 
 
-def _default_model_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"fairway-tiny-llama-{os.getuid()}"
+def _default_model_dir(positions: int = MODEL_CONTEXT_TOKENS) -> Path:
+    suffix = "" if positions == MODEL_CONTEXT_TOKENS else f"-{positions}"
+    return Path(tempfile.gettempdir()) / f"fairway-tiny-llama-{os.getuid()}{suffix}"
 
 
 def make_offline_scheduler(
@@ -127,7 +145,8 @@ def make_offline_scheduler(
         fairway_options: more options (policy parameters, serving options) added to `policy`.
             The scheduler gets one `FairwayOptions` object and never reads `FAIRWAY_*`: that
             is a server's environment, not the replay's.
-        model_dir: directory with a `config.json` (default: the tiny Llama, written on demand).
+        model_dir: directory with a `config.json` (default: the tiny Llama, written on demand,
+            declaring at least `max_model_len` positions).
         kv_transfer_config: a `KVTransferConfig` or its dict form (P/D, e.g. NixlConnector).
         scheduler_cls: the class to build (default: FairwayScheduler / FairwayAsyncScheduler,
             or vLLM's classes when `policy` is None); tests pass subclasses.
@@ -141,7 +160,9 @@ def make_offline_scheduler(
     """
     sched_kw, cache_kw = _split_overrides(overrides)
     model_config = ModelConfig(
-        model=model_dir or write_tiny_model_config(),
+        model=model_dir or write_tiny_model_config(
+            max_position_embeddings=max(max_model_len, MODEL_CONTEXT_TOKENS)
+        ),
         skip_tokenizer_init=True,
         dtype="float16",
         seed=42,
