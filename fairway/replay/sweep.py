@@ -17,6 +17,7 @@ import concurrent.futures as cf
 import logging
 import multiprocessing
 import os
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,10 @@ class ReplayJob:
         return f"{self.trace_name} @ {self.label or self.policy_name}"
 
 
+class SweepError(FairwayError):
+    """A replay of the sweep failed; the message names the trace and policy."""
+
+
 def run_job(job: ReplayJob) -> ReplayResult:
     """Run one job here (what a worker process or a Ray task executes)."""
     from fairway.replay.sim import replay
@@ -96,16 +101,46 @@ def run_job(job: ReplayJob) -> ReplayResult:
     return result
 
 
+def run_job_in_worker(job: ReplayJob) -> ReplayResult:
+    """`run_job` in a worker process or Ray task, whose error must cross back by pickling.
+
+    vLLM's config errors are pydantic `ValidationError`s, which cannot be pickled: sent back as
+    they are, the user would see `TypeError: cannot pickle ...` instead of vLLM's message. So an
+    error leaves the worker as a `SweepError` carrying the replay's name and the message (a
+    `FairwayError` that pickles leaves as it is). The chained original is not pickled; the
+    pool's remote traceback text still shows it.
+    """
+    try:
+        return run_job(job)
+    except FairwayError as exc:
+        if _pickles(exc):
+            raise
+        raise SweepError(f"replay {job.describe()} failed: {exc}") from exc
+    except Exception as exc:
+        raise SweepError(f"replay {job.describe()} failed: {describe_error(exc)}") from exc
+
+
+def describe_error(exc: BaseException) -> str:
+    """`TypeName: message`, the message as the exception gives it (vLLM's own wording)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _pickles(exc: BaseException) -> bool:
+    """Whether `exc` survives the trip back from a worker (pickled, then rebuilt)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return True
+
+
 def _init_worker() -> None:
     """Initializer of each spawned worker (before vLLM is imported there).
 
     No logging set-up: Python's last-resort handler still prints fairway's warnings to stderr.
     """
     os.environ.update(WORKER_ENV)
-
-
-class SweepError(FairwayError):
-    """A replay of the sweep failed; the message names the trace and policy."""
 
 
 def check_jobs(jobs: Sequence[ReplayJob]) -> None:
@@ -177,7 +212,8 @@ def _run_here(jobs: Sequence[ReplayJob], progress: bool,
             except FairwayError:
                 raise
             except Exception as exc:
-                raise SweepError(f"replay {job.describe()} failed: {exc!r}") from exc
+                raise SweepError(f"replay {job.describe()} failed: {describe_error(exc)}"
+                                 ) from exc
             results.append(result)
             if on_result is not None:
                 on_result(result)
@@ -197,7 +233,7 @@ def _run_pool(jobs: Sequence[ReplayJob], workers: int, fresh: bool, progress: bo
     try:
         # Longest traces first: a long replay started last would leave the other workers idle.
         order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i].trace))
-        futures = {pool.submit(run_job, jobs[i]): i for i in order}
+        futures = {pool.submit(run_job_in_worker, jobs[i]): i for i in order}
         with _bar(len(jobs), progress) as bar:
             for future in cf.as_completed(futures):
                 i = futures[future]
@@ -205,8 +241,9 @@ def _run_pool(jobs: Sequence[ReplayJob], workers: int, fresh: bool, progress: bo
                     result = future.result()
                 except FairwayError:
                     raise
-                except Exception as exc:
-                    raise SweepError(f"replay {jobs[i].describe()} failed: {exc!r}") from exc
+                except Exception as exc:  # the pool's own (a worker died: BrokenProcessPool)
+                    raise SweepError(f"replay {jobs[i].describe()} failed: "
+                                     f"{describe_error(exc)}") from exc
                 results[i] = result
                 if on_result is not None:
                     on_result(result)
@@ -274,4 +311,4 @@ def _run_ray(jobs: Sequence[ReplayJob], address: str, progress: bool,
 
 def _ray_task(job: ReplayJob, trace: Trace) -> ReplayResult:
     """A Ray task: the job with its trace from the object store."""
-    return run_job(replace(job, trace=trace))
+    return run_job_in_worker(replace(job, trace=trace))
