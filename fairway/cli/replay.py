@@ -47,6 +47,15 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--num-blocks", type=int, default=None,
                        help="KV cache size in blocks of 16 tokens (overrides --cache-fraction; "
                        "must hold each trace's largest request)")
+    bench.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                       metavar="N",
+                       help="the engine's token budget per step (chunked prefill), as vLLM's "
+                       "flag of that name (default 2048, sim.DEFAULT_BATCHED_TOKENS, vLLM's on "
+                       "a GPU server; long-context servers run larger budgets: 8192 for the "
+                       "-long presets)")
+    bench.add_argument("--max-num-seqs", type=_positive_int, default=None, metavar="N",
+                       help="the engine's limit on running requests, as vLLM's flag of that "
+                       "name (default 256, sim.DEFAULT_MAX_NUM_SEQS)")
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="output directory (default results/bench-<timestamp>; an existing "
                        "non-empty one gets a -2, -3, ... suffix, never overwritten)")
@@ -113,6 +122,17 @@ def _default_min_success() -> float:
     return DEFAULT_MIN_SUCCESS
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (vLLM's own rules between limits are vLLM's to check)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def _share(text: str) -> float:
     """An argparse type: a number in [0, 1]."""
     try:
@@ -138,7 +158,11 @@ def bench_config(args: argparse.Namespace) -> Any:
     """The `BenchConfig` of parsed `fairway bench` flags."""
     from fairway.replay.bench import DEFAULT_TRACES, BenchConfig
 
-    given = {"cache_fraction": args.cache_fraction}  # None: BenchConfig's default
+    given = {  # None: BenchConfig's default
+        "cache_fraction": args.cache_fraction,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+    }
     return BenchConfig(
         **{k: v for k, v in given.items() if v is not None},
         traces=tuple(args.trace or DEFAULT_TRACES),

@@ -30,7 +30,12 @@ from fairway.options import (
 )
 from fairway.replay import results as results_io
 from fairway.replay.results import ReplayResult
-from fairway.replay.sim import DEFAULT_CACHE_FRACTION
+from fairway.replay.sim import (
+    DEFAULT_BATCHED_TOKENS,
+    DEFAULT_CACHE_FRACTION,
+    DEFAULT_MAX_NUM_SEQS,
+    check_prompt_lengths,
+)
 from fairway.replay.sweep import DEFAULT_WORKERS, ReplayJob, check_jobs, run_jobs
 
 logger = logging.getLogger(__name__)
@@ -262,6 +267,10 @@ class BenchConfig:
     cache_fraction: float = DEFAULT_CACHE_FRACTION
     #: KV blocks (overrides cache_fraction).
     num_blocks: int | None = None
+    #: vLLM's token budget per step (`--max-num-batched-tokens`; chunked prefill).
+    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
+    #: vLLM's limit on running requests (`--max-num-seqs`).
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     #: Output directory; None: results/bench-<timestamp>.
     out: str | None = None
     #: Local worker processes (0: in this process).
@@ -291,7 +300,11 @@ class BenchOutcome:
 
 def replay_options(config: BenchConfig) -> dict[str, Any]:
     """Keyword arguments of `sim.replay` shared by every job of the run."""
-    options: dict[str, Any] = {"cache_fraction": config.cache_fraction}
+    options: dict[str, Any] = {
+        "cache_fraction": config.cache_fraction,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_num_seqs": config.max_num_seqs,
+    }
     if config.num_blocks is not None:
         options["num_blocks"] = config.num_blocks
     if config.profile is not None:
@@ -309,6 +322,8 @@ def run_bench(config: BenchConfig) -> BenchOutcome:
     fairway = policy_options(config, selected)
     options = replay_options(config)
     traces = load_traces(config.traces, quick=config.quick, cache_dir=config.trace_cache)
+    for name, trace in traces:
+        check_prompt_lengths(trace, name)  # here once, not in every worker
     if config.num_blocks is not None:
         check_num_blocks(config.num_blocks, traces)
     jobs = [
