@@ -82,8 +82,14 @@ FAMILIES: dict[str, Family] = {
     )
 }
 
+#: The step budget the long-context presets (`*-long`, prompts of 32k-128k tokens) are meant to
+#: be replayed with: `fairway bench --max-num-batched-tokens 8192`. Long-context servers run
+#: larger budgets than vLLM's default 2,048; a trace cannot carry a replay setting, so the
+#: presets' descriptions say it and E2 passes it.
+LONG_CONTEXT_BATCHED_TOKENS = 8192
+
 #: The benchmark's default traces. Each builds in a few seconds, spans about 5-6 simulated
-#: minutes and has at most ~2,500 requests at the default capacity.
+#: minutes (the long-context ones longer) and has at most ~2,500 requests at the default capacity.
 PRESETS: dict[str, dict[str, Any]] = {
     "sec-a": {
         "family": "sec", "seed": 1, "shape": "spike",
@@ -122,6 +128,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         "family": "hit-heavy", "seed": 7, "shape": HIT_HEAVY_SHAPE, "params": {},
         "description": "96% of requests hit one of 4 hot 8k-token contexts, 4% are 8k-token "
         "misses (after SGLang #31954); replay with --cache-fraction 1.5",
+    },
+    # The conversation trace's first ten minutes: its 12% sample holds prompts up to 121,924
+    # tokens (12 above 64k), where the `mooncake` preset's minutes 10-20 stay below 44k. Load 0.4
+    # keeps FCFS's median TTFT below 10 s at 8,192-token steps (8.2 s; 0.5 gives 30 s).
+    "mooncake-long": {
+        "family": "mooncake", "seed": 5, "shape": None,
+        "params": {"window_start_s": 0.0, "window_s": 600.0, "sample_fraction": 0.12,
+                   "load": 0.4, "max_prompt_tokens": 131072, "jitter_ms": 3000.0},
+        "description": "Mooncake conversation trace: 12% of the conversations of minutes 0-10, "
+        "mean load 0.4, prompts up to the 131,072-token context (longest 121,924); replay with "
+        f"--max-num-batched-tokens {LONG_CONTEXT_BATCHED_TOKENS}",
+    },
+    # hit-heavy at long context (SGLang #31954's traffic had ~115k-token mean inputs): hot
+    # contexts of 32k-64k tokens, misses as long as a hit on the shortest one. A 90 s lead-in
+    # without traffic lets the four contexts (~196k tokens, ~76 s of prefill) be computed first;
+    # the loads (uncached tokens) are lower than hit-heavy's because a long context makes each
+    # uncached token dearer (attention).
+    "hit-heavy-long": {
+        "family": "hit-heavy", "seed": 8,
+        "shape": "warmup:0:90,calm:0.25:60,busy:0.45:180,calm:0.25:60",
+        "params": {"prefix_tokens": 32768, "prefix_tokens_max": 65536, "miss_tokens": 33024},
+        "description": "96% of requests hit one of 4 hot contexts of 32k-64k tokens, 4% are "
+        "33k-token misses (after SGLang #31954); replay with --cache-fraction 1.5 "
+        f"--max-num-batched-tokens {LONG_CONTEXT_BATCHED_TOKENS}",
     },
 }
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,18 +84,36 @@ class FloodParams:
         """Probability that a request of `phase` is a miss."""
         return {"backlog": 1.0, "flood": 0.0}.get(phase, self.calm_miss_fraction)
 
-    def expected_work(self, phase: str) -> float:
-        """Expected work of one request of `phase` (the first hit's prefix miss is ignored)."""
+    def expected_work(self, phase: str, prefix_tokens: float | None = None) -> float:
+        """Expected work of one request of `phase` (the first hit's prefix miss is ignored).
+
+        `prefix_tokens`: a hit's mean prefix when the prefixes differ in length (default
+        `self.prefix_tokens`); it counts only on the prompt work basis.
+        """
         f = self.miss_fraction(phase)
-        hit = self.suffix_tokens + (self.prefix_tokens if self.work_basis == "prompt" else 0)
+        prefix = self.prefix_tokens if prefix_tokens is None else prefix_tokens
+        hit = self.suffix_tokens + (prefix if self.work_basis == "prompt" else 0)
         return f * self.miss_tokens + (1.0 - f) * hit
+
+    def prefix_lengths(self) -> list[int]:
+        """Every shared prefix has `prefix_tokens` (other families may pass their own)."""
+        return [self.prefix_tokens] * self.num_prefixes
 
 
 def build_flood(
-    family: str, seed: int, shape: LoadShape, capacity_tps: float, params: FloodParams
+    family: str, seed: int, shape: LoadShape, capacity_tps: float, params: FloodParams,
+    prefix_lengths: Sequence[int] | None = None,
 ) -> tuple[list[TraceRequest], dict[str, Any]]:
-    """Requests of a flood trace and the facts for the header's ``info``."""
-    work = {p.name: params.expected_work(p.name) for p in shape.phases}
+    """Requests of a flood trace and the facts for the header's ``info``.
+
+    `prefix_lengths`: tokens of each shared prefix (one per prefix; default every one
+    `prefix_tokens`), for families whose hot contexts differ in length (`hit-heavy`).
+    """
+    lengths = list(prefix_lengths) if prefix_lengths is not None else params.prefix_lengths()
+    if len(lengths) != params.num_prefixes or min(lengths) < 1:
+        raise TraceError(f"{family}: need {params.num_prefixes} prefix lengths >= 1, got {lengths}")
+    mean_prefix = sum(lengths) / len(lengths)
+    work = {p.name: params.expected_work(p.name, mean_prefix) for p in shape.phases}
     rates = phase_rates(shape, capacity_tps, work)
     times = poisson_arrivals(shape, rates, np.random.default_rng([seed, 1]))
     if len(times) + params.warmup_requests > params.max_requests:
@@ -104,7 +123,7 @@ def build_flood(
             f"{params.max_requests}; lower the load or raise max_requests"
         )
     draws = np.random.default_rng([seed, 2]).random((len(times), 2))
-    warmup = _warmup_requests(family, seed, params)
+    warmup = _warmup_requests(family, seed, params, lengths)
     shaped = []
     for i, t in enumerate(times):
         t = round(float(t), 6)
@@ -114,8 +133,7 @@ def build_flood(
             tags: dict[str, Any] = {"kind": "miss"}
         else:
             j = min(int(draws[i, 1] * params.num_prefixes), params.num_prefixes - 1)
-            blocks = [(f"fl-prefix-{j}-{params.prefix_tokens}", params.prefix_tokens),
-                      (f"fl-{seed}-suffix-{i}", params.suffix_tokens)]
+            blocks = [_prefix_block(j, lengths[j]), (f"fl-{seed}-suffix-{i}", params.suffix_tokens)]
             tags = {"kind": "hit", "prefix": j}
         shaped.append(make_request(f"{family}-{i:05d}", t, blocks, phase=phase, tags=tags))
     # Merge by arrival (stable: at equal times a warm-up request goes first).
@@ -131,13 +149,18 @@ def build_flood(
     return reqs, info
 
 
-def _warmup_requests(family: str, seed: int, params: FloodParams) -> list[TraceRequest]:
+def _prefix_block(j: int, tokens: int) -> tuple[str, int]:
+    """Shared prefix j of `tokens` tokens (the length is in the id: one id, one token count)."""
+    return f"fl-prefix-{j}-{tokens}", tokens
+
+
+def _warmup_requests(family: str, seed: int, params: FloodParams,
+                     lengths: Sequence[int]) -> list[TraceRequest]:
     """The warm-up requests: prefix k mod num_prefixes and a unique suffix, k x spacing apart."""
     out = []
     for k in range(params.warmup_requests):
         j = k % params.num_prefixes
-        blocks = [(f"fl-prefix-{j}-{params.prefix_tokens}", params.prefix_tokens),
-                  (f"fl-{seed}-warmup-{k}", params.suffix_tokens)]
+        blocks = [_prefix_block(j, lengths[j]), (f"fl-{seed}-warmup-{k}", params.suffix_tokens)]
         out.append(make_request(
             f"{family}-warmup-{k:02d}", k * params.warmup_spacing_s, blocks, phase="warmup",
             tags={"kind": "warmup", "prefix": j},

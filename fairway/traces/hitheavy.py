@@ -9,8 +9,10 @@ Switching to `fcfs` removed that tail and gave up the cache-locality order every
 This family is a scaled-down, synthetic version of that workload (no data set needed):
 
 * **hit** (share 1 - `miss_fraction`, 96% by default): one of `num_prefixes` hot contexts of
-  `prefix_tokens` (an agent's long, shared context) plus a unique suffix of `suffix_tokens` (the
-  new turn); with the context cached, only the suffix is work;
+  `prefix_tokens` (an agent's long, shared context; with `prefix_tokens_max` the contexts' lengths
+  step evenly from `prefix_tokens` to it, e.g. 32k-64k in the `hit-heavy-long` preset) plus a
+  unique suffix of `suffix_tokens` (the new turn); with the context cached, only the suffix is
+  work;
 * **miss** (4%): a unique prompt of `miss_tokens`, by default as long as a hit (a cold session
   with nothing to reuse), so a miss is 33x a cached hit's work.
 
@@ -37,6 +39,9 @@ from fairway.traces.shapes import LoadShape, check_work_basis
 
 #: The family's default shape: calm, 3 minutes busy (0.7 x capacity in uncached tokens), calm.
 DEFAULT_SHAPE = "calm:0.4:60,busy:0.7:180,calm:0.4:60"
+#: Granularity of the hot contexts' lengths (vLLM's default KV block: a context in whole blocks
+#: is cached whole).
+CONTEXT_BLOCK = 16
 #: Phase names the `flood` builder gives a fixed mix; a hit-heavy shape must not use them.
 RESERVED_PHASES = ("backlog", "flood")
 
@@ -46,7 +51,11 @@ class HitHeavyParams:
     """Parameters of the ``hit-heavy`` family."""
 
     prefix_tokens: int = 8192
-    """Tokens of one hot context (the cached prefix of a hit)."""
+    """Tokens of one hot context (the cached prefix of a hit); the shortest one with
+    prefix_tokens_max."""
+    prefix_tokens_max: int | None = None
+    """Longest hot context: the contexts' lengths step evenly from prefix_tokens to it, in whole
+    16-token blocks (None: every context has prefix_tokens)."""
     suffix_tokens: int = 256
     """Unique suffix of a hit (its work when the context is cached)."""
     miss_tokens: int = 8448
@@ -66,7 +75,23 @@ class HitHeavyParams:
         check_work_basis(self.work_basis)
         if not 0 <= self.miss_fraction <= 1:
             raise TraceError(f"miss_fraction must be in [0, 1], got {self.miss_fraction}")
+        if self.prefix_tokens_max is not None and self.prefix_tokens_max < self.prefix_tokens:
+            raise TraceError(f"prefix_tokens_max ({self.prefix_tokens_max}) must be >= "
+                             f"prefix_tokens ({self.prefix_tokens})")
         self.flood_params()  # the remaining checks are the flood family's
+
+    def prefix_lengths(self) -> list[int]:
+        """Tokens of each hot context: prefix_tokens up to prefix_tokens_max in even steps.
+
+        Whole blocks (`CONTEXT_BLOCK` tokens), so that a cached context leaves a hit exactly
+        its suffix to compute; the ends are kept as given.
+        """
+        low, high, n = self.prefix_tokens, self.prefix_tokens_max, self.num_prefixes
+        if high is None or n == 1:
+            return [low] * n
+        step = (high - low) / (n - 1)
+        inner = [low + CONTEXT_BLOCK * round(j * step / CONTEXT_BLOCK) for j in range(1, n - 1)]
+        return [low, *inner, high]
 
     def flood_params(self) -> FloodParams:
         """The same workload in the `flood` family's terms (every phase gets `miss_fraction`)."""
@@ -89,7 +114,10 @@ def build_hit_heavy(
             f"{family}: phase names {', '.join(RESERVED_PHASES)} are reserved (the flood family's "
             f"fixed mixes); rename phase(s) {', '.join(reserved)}"
         )
-    reqs, info = build_flood(family, seed, shape, capacity_tps, params.flood_params())
+    lengths = params.prefix_lengths()
+    reqs, info = build_flood(family, seed, shape, capacity_tps, params.flood_params(), lengths)
     info["miss_fraction"] = params.miss_fraction
+    if params.prefix_tokens_max is not None:
+        info["prefix_lengths"] = lengths
     info["source"] = "after SGLang issue #31954 (96% radix hit rate; misses ~5% of requests)"
     return reqs, info

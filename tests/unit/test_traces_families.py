@@ -156,6 +156,7 @@ def test_registry_names() -> None:
     assert set(FAMILIES) == {"sec", "sec-long", "musique", "mooncake", "flood", "hit-heavy"}
     assert set(PRESETS) == {
         "sec-a", "sec-b", "sec-long", "musique", "mooncake", "flood", "hit-heavy",
+        "mooncake-long", "hit-heavy-long",
     }
     for spec in PRESETS.values():
         make_params(spec["family"], spec["params"])  # every preset parameter is valid

@@ -84,3 +84,42 @@ def test_bad_parameters_are_trace_errors() -> None:
         build_trace("hit-heavy", 0, "backlog:1:10,calm:0.4:10")
     with pytest.raises(TraceError, match="must be >= 1"):
         build_trace("hit-heavy", 0, SHORT, suffix_tokens=0)
+
+
+def test_contexts_of_several_lengths_step_evenly_in_whole_blocks() -> None:
+    trace = build_trace("hit-heavy", 3, SHORT, CAPACITY, prefix_tokens=32768,
+                        prefix_tokens_max=65536, miss_tokens=33024)
+    lengths = [32768, 43696, 54608, 65536]
+    assert trace.header.info["prefix_lengths"] == lengths
+    assert all(n % 16 == 0 for n in lengths)
+    warm = {r.tags["prefix"]: r for r in trace.requests if r.tags["kind"] == "warmup"}
+    for r in trace.requests:
+        if r.tags["kind"] in ("hit", "warmup"):
+            (prefix_id, prefix_len), _ = r.blocks
+            assert prefix_len == lengths[r.tags["prefix"]]
+            assert prefix_id == warm[r.tags["prefix"]].blocks[0][0]
+    # Each context's id carries its length, so one id always has one token count.
+    assert len({w.blocks[0][0] for w in warm.values()}) == 4
+
+
+def test_one_length_for_every_context_is_the_default_and_unchanged() -> None:
+    base = build_trace("hit-heavy", 3, SHORT, CAPACITY)
+    assert "prefix_lengths" not in base.header.info
+    same = build_trace("hit-heavy", 3, SHORT, CAPACITY, prefix_tokens_max=8192)
+    assert [r.blocks for r in same.requests] == [r.blocks for r in base.requests]
+
+
+def test_the_long_preset_has_32k_to_64k_contexts_and_4_percent_long_misses() -> None:
+    trace = build_preset("hit-heavy-long")
+    assert trace.header.info["prefix_lengths"] == [32768, 43696, 54608, 65536]
+    k = kinds(trace)
+    assert 0.03 <= k["miss"] / (k["hit"] + k["miss"]) <= 0.06
+    misses = [r for r in trace.requests if r.tags["kind"] == "miss"]
+    assert misses and all(r.prompt_tokens >= 32_768 for r in misses)
+    # The lead-in phase has no traffic of its own: the contexts are computed first.
+    assert all(r.arrival_s >= 90 for r in trace.requests if r.tags["kind"] != "warmup")
+
+
+def test_a_longest_context_below_the_shortest_is_an_error() -> None:
+    with pytest.raises(TraceError, match="prefix_tokens_max \\(100\\) must be >= prefix_tokens"):
+        build_trace("hit-heavy", 0, SHORT, prefix_tokens_max=100)

@@ -78,6 +78,28 @@ def test_the_benchmark_loads_presets_without_data() -> None:
         assert len(quick) < len(full)
 
 
+#: A shipped file stays small: the package carries every preset twice.
+MAX_SHIPPED_BYTES = 1_000_000
+
+
+def test_every_shipped_file_is_well_under_a_megabyte() -> None:
+    sizes = {p.name: p.stat().st_size for p in PRESET_DIR.iterdir()}
+    assert {n: s for n, s in sizes.items() if s >= MAX_SHIPPED_BYTES} == {}
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_the_long_context_presets_load_without_data(quick: bool) -> None:
+    # tests/conftest.py points FAIRWAY_DATA at an empty directory.
+    mooncake = load_trace_spec("mooncake-long", quick=quick)
+    longest = max(r.prompt_tokens for r in mooncake.requests)
+    assert 100_000 < longest <= 131_072  # beyond the 32k the other presets stop at
+    assert mooncake.header.params["max_prompt_tokens"] == 131_072
+    assert mooncake.header.info["num_capped"] == 0
+    hits = load_trace_spec("hit-heavy-long", quick=quick)
+    assert max(r.prompt_tokens for r in hits.requests) == 65_536 + 256
+    assert hits == load_trace(shipped_path("hit-heavy-long", quick))
+
+
 def test_other_variants_need_the_sources_and_say_so(tmp_path: Path) -> None:
     with pytest.raises(MissingDataError) as err:
         load_trace_spec("sec-a", capacity_tps=1000.0, cache_dir=tmp_path)
