@@ -100,6 +100,8 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "profiling starts a server and measures for minutes"),
     ".venv/bin/fairway bench --policy fcfs --policy fairway --policy-arg fast_weight=2":
         Entry("PARSE", "virtual-clock replays of the two SEC spike traces (minutes)"),
+    ".venv/bin/fairway bench --trace mooncake-long --max-num-batched-tokens 8192":
+        Entry("PARSE", "every policy on the long-context Mooncake preset (about a minute)"),
     ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace t.jsonl":
         Entry("PARSE", "needs a running server and a trace file"),
     ".venv/bin/fairway trace build sec-a -o sec-a.jsonl":
