@@ -2,10 +2,13 @@
 
     python benchmarks/e2_p99_scenarios.py [--out DIR] [--quick] [--workers N] [--ray ADDRESS]
 
-Eleven scenarios mix workloads (SEC a/b/long, MuSiQue agents, the Mooncake conversation trace
+Thirteen scenarios mix workloads (SEC a/b/long, MuSiQue agents, the Mooncake conversation trace
 time-scaled), offered load (0.7 / 1.0 / 1.3 x the engine's capacity: the presets' shapes built
 against a capacity scaled by 1 / x, or Mooncake's `load` parameter) and KV cache size
-(cache_fraction 0.15 / 0.3 / 0.6 of the trace's reusable content). Policies: fcfs, lpm, klpm-4,
+(cache_fraction 0.15 / 0.3 / 0.6 of the trace's reusable content); two are long-context
+(`hit-heavy-long`: hot contexts of 32k-64k tokens, cache 1.5 x them; `mooncake-long`: prompts up
+to the 131,072-token context), replayed as long-context servers run, with 8,192-token steps
+(the others 2,048). Policies: fcfs, lpm, klpm-4,
 ragcache, preble, peek, hrrn, fairway-step (the seed's per-step rule, when registered) and
 fairway. Per scenario: the p99 TTFT over all requests of the best baseline whose starvation flag
 is off (worst TTFT <= 3 x its own p99), Fairway's p99 and starvation flag, the ratio Fairway /
@@ -33,7 +36,7 @@ from fairway.replay.bench import (  # noqa: E402
     trace_info,
 )
 from fairway.replay.sweep import ReplayJob  # noqa: E402
-from fairway.traces.build import default_capacity_tps  # noqa: E402
+from fairway.traces.build import LONG_CONTEXT_BATCHED_TOKENS, default_capacity_tps  # noqa: E402
 
 NAME = "e2"
 BASELINES = ("fcfs", "lpm", "klpm-4", "ragcache", "preble", "peek", "hrrn")
@@ -56,16 +59,27 @@ POLICIES = run_policies()
 
 @dataclass(frozen=True)
 class Scenario:
-    """One row of the table: a preset at a load and a cache size."""
+    """One row of the table: a preset at a load, a cache size and a step budget."""
 
     preset: str
     load: float = 1.0
     cache_fraction: float = 0.3
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: vLLM's token budget per step; None: the replay's default (2,048).
+    max_num_batched_tokens: int | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.preset} x{self.load:g} cache{self.cache_fraction:g}"
+        budget = self.max_num_batched_tokens
+        steps = "" if budget is None else f" steps{budget}"
+        return f"{self.preset} x{self.load:g} cache{self.cache_fraction:g}{steps}"
+
+    def replay_options(self) -> dict[str, Any]:
+        """The scenario's keyword arguments of `sim.replay` (cache size, step budget)."""
+        options: dict[str, Any] = {"cache_fraction": self.cache_fraction}
+        if self.max_num_batched_tokens is not None:
+            options["max_num_batched_tokens"] = self.max_num_batched_tokens
+        return options
 
 
 SCENARIOS = (
@@ -81,6 +95,11 @@ SCENARIOS = (
     # Mooncake keeps its recorded arrivals; `load` time-scales them to a mean load.
     Scenario("mooncake", load=1.0, overrides={"load": 1.0}),
     Scenario("mooncake", load=1.3, cache_fraction=0.15, overrides={"load": 1.3}),
+    # Long context: the presets as shipped (their own loads), at the step budget they are meant
+    # for; hit-heavy-long's cache holds its hot contexts (as hit-heavy's in FAIRWAY.md).
+    Scenario("hit-heavy-long", cache_fraction=1.5,
+             max_num_batched_tokens=LONG_CONTEXT_BATCHED_TOKENS),
+    Scenario("mooncake-long", max_num_batched_tokens=LONG_CONTEXT_BATCHED_TOKENS),
 )
 
 
@@ -206,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             **trace_info(trace),
             "load": scenario.load,
             "cache_fraction": scenario.cache_fraction,
+            "max_num_batched_tokens": scenario.max_num_batched_tokens,
             "offered_load": offered_load(trace),
         }
         for policy in POLICIES:
@@ -215,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                     trace,
                     policy,
                     {},
-                    {**options, "cache_fraction": scenario.cache_fraction},
+                    {**options, **scenario.replay_options()},
                 )
             )
     results = run_experiment(jobs, args, out_dir)
@@ -230,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     markdown = (
         "p99 TTFT over all requests; best = lowest p99 among the baselines without a "
         "starvation flag. Offered load: prompt tokens per second over the trace's span / the "
-        "engine's capacity (no cache); the cache removes part of it.\n\n"
+        "engine's capacity (no cache); the cache removes part of it. Steps of 2,048 tokens, "
+        f"or the budget a name gives (`steps{LONG_CONTEXT_BATCHED_TOKENS}`: the long-context "
+        "scenarios).\n\n"
         + table(rows) + "\nAll p99s (s):\n\n" + all_p99_table(rows)
     )
     finish_experiment(
