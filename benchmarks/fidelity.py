@@ -539,8 +539,8 @@ def comparison(
     rows = []
     lines = [
         "| client | policy | phase | n | runs | failed | virtual median | live median [min-max] "
-        "| v/l | virtual p99 | live p99 [min-max] | v/l |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| v/l | virtual p90 | live p90 [min-max] | v/l | virtual p99 | live p99 [min-max] | v/l |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     s_virt = report.summarize(virtual)
     for (client, policy), results in runs.items():
@@ -552,6 +552,7 @@ def comparison(
             if v is None or any(a is None for a in stats):
                 continue
             med = Spread.of([a.median_s for a in stats])  # type: ignore[union-attr]
+            p90 = Spread.of([a.p90_s for a in stats])  # type: ignore[union-attr]
             p99 = Spread.of([a.p99_s for a in stats])  # type: ignore[union-attr]
             failed = sum(a.n_errors for a in stats)  # type: ignore[union-attr]
             row = {
@@ -559,6 +560,8 @@ def comparison(
                 "runs": len(results), "live_errors": failed,
                 "virtual_median_s": v.median_s, "live_median_s": med.median,
                 "live_median_min_s": med.lo, "live_median_max_s": med.hi,
+                "virtual_p90_s": v.p90_s, "live_p90_s": p90.median,
+                "live_p90_min_s": p90.lo, "live_p90_max_s": p90.hi,
                 "virtual_p99_s": v.p99_s, "live_p99_s": p99.median,
                 "live_p99_min_s": p99.lo, "live_p99_max_s": p99.hi,
                 "live_medians_s": [a.median_s for a in stats],  # type: ignore[union-attr]
@@ -568,6 +571,7 @@ def comparison(
             lines.append(
                 f"| {client} | {policy} | {phase} | {v.n} | {len(results)} | {failed} | "
                 f"{_f(v.median_s)} | {_spread(med)} | {_ratio(v.median_s, med.median)} | "
+                f"{_f(v.p90_s)} | {_spread(p90)} | {_ratio(v.p90_s, p90.median)} | "
                 f"{_f(v.p99_s)} | {_spread(p99)} | {_ratio(v.p99_s, p99.median)} |"
             )
     return "\n".join(lines) + "\n", rows
