@@ -1,4 +1,5 @@
-"""Fairway: the seed's two lanes and work charges, with the charges carried across steps.
+"""Fairway: the seed's two lanes and work charges, the charges carried across the steps of a
+long Fair front.
 
 Must not import vllm. Registered as `fairway`. The seed's per-step rule, ledgers reset every
 step and running prefills left to vLLM, is `fairway-step` (`fairway.policies.fairway_step`); both
@@ -155,7 +156,7 @@ def grants(
 @dataclass(eq=False)
 class FairwayPolicy(FastScore):
     """The seed's two lanes and work charges over waiting and prefilling requests, carried
-    across the steps of a contest.
+    across the steps a long Fair front needs.
 
     Lanes. Both lanes hold every request whose prefill is not finished: the waiting ones and the
     running ones in chunked prefill. Fast: `FastScore`'s order (s = h / max(c, 1) + wait / SLO; a
@@ -165,14 +166,19 @@ class FairwayPolicy(FastScore):
 
     Merge (`merge`, the seed's): the lane with the smaller ledger places its next request not yet
     placed and adds its work (uncached tokens; x w = fast_weight for Fast); ties go to Fast.
+    Once the step's free request slots are placed, only running prefills are placed (a waiting
+    request without a slot gets nothing this step), then the rest of the queue.
 
     Contest. A step is contested when at least two requests compete, the two lanes' fronts
     differ, and their work exceeds P (the step's token budget minus the running decodes').
     Otherwise it is vLLM's own step (order by the seed's merge, nothing capped or held) and the
-    ledgers restart. The first contested step starts them as the seed does (w x the Fast front's
-    work, the Fair front's work); after each contested step each lane is charged with the
-    prefill tokens vLLM actually scheduled for the requests it placed (x w for Fast), and the
-    next step's merge starts from the charged ledgers.
+    ledgers restart. Ledgers start as the seed's (w x the Fast front's work, the Fair front's
+    work); after each contested step each lane is charged the prefill tokens vLLM actually
+    scheduled for the requests it placed (x w for Fast), and the next step's merge starts from
+    the charged ledgers. They restart (the seed's start again) at every contested step whose
+    Fair front needs less than one step (work < P): the seed's per-step rule already starts such
+    a front in the step (at most its work / w goes ahead of it), so carrying is needed only for
+    a front that needs several steps, which the per-step rule starves from w x P tokens on.
 
     Applying the step (`StepShare`, applied by the scheduler): the waiting queue in merge order;
     the prefilling running requests in merge order; the step's tokens given out in merge order
@@ -184,16 +190,18 @@ class FairwayPolicy(FastScore):
 
     Guarantee (contested steps; w = fast_weight, P the step's prefill budget, D = fast - fair):
         * the lagging lane goes first: D <= 0, Fast's front is placed first; else Fair's;
-        * D stays within one chunk of the other lane: if D <= 0 before a step, D' <= w P after
-          it, and if D > 0, D' >= -P; with exact admission (no KV-block stop, no preemption)
-          min(D, -P) <= D' <= max(D, w P). Hence w x (Fast tokens) - (Fair tokens) stays within
-          [-P, w P] of -D_0 (the seed's start gap) over any run of contested steps, and each
-          lane gets its share while it has demand, the other lane taking what it does not use;
-        * the oldest request O, once the Fair front, gets prefill tokens within
-          ceil(max(0, -D) / (w P_min)) + 1 contested steps (each step the Fast lane goes first
-          raises D by w x its tokens, and Fast takes the whole step only while its ledger stays
-          below Fair's), so within 2 steps once the start gap is worked off, whatever O's size;
-          after that O gets at least one of every two contested steps' first placement;
+        * while the ledgers carry, D stays within one chunk of the other lane: D <= 0 before a
+          step gives D' <= max(D, w P) after it, D > 0 gives D' >= min(D, -P) (with exact
+          admission: no KV-block stop, no preemption). The charges are the scheduled tokens, so
+          over any run of carried steps w x (Fast tokens) - (Fair tokens) = D - D_0 stays within
+          [-P, w P] of -D_0 (D_0 = the seed's start gap): the Fair lane gets w / (1 + w) of the
+          tokens and the Fast lane 1 / (1 + w) while both have demand, each taking what the
+          other does not use;
+        * the Fair front O gets prefill tokens within ceil(max(0, -D) / (w P)) + 1 contested
+          steps of becoming the front (each step the Fast lane goes first raises D by w x its
+          tokens, and Fast takes the whole step only while its ledger stays below Fair's): for a
+          new contest ceil(W_O / (w P)) + 1 steps, W_O its work; once the start gap is worked
+          off, within 2 steps, whatever O's size;
         * on the first contested step after an uncontested one, with no running prefill, the
           waiting order equals `fairway-step`'s (the worked example holds for both).
 
@@ -277,7 +285,9 @@ class FairwayPolicy(FastScore):
             contested = False
         elif not contested:
             self.ledger.reset()
-        elif not self.ledger.active:
+        elif not self.ledger.active or work[fair[0]] < tokens:
+            # the seed's start; a Fair front that fits in one step is served by the seed's
+            # per-step rule (at most its work / w goes ahead of it), so the carry restarts
             self.ledger.start(self.fast_weight * work[fast[0]], float(work[fair[0]]))
         start = (self.ledger.fast, self.ledger.fair) if contested else None
         # Placements until a lane's known prefix is used up: each is the whole queue's merge's;
@@ -391,6 +401,7 @@ class FairwayPolicy(FastScore):
             elif lane == FAIR:
                 fair += tokens
         self.ledger.charge(fast, fair, self.fast_weight)
+
 
 
 #: `FairwayPolicy._units` is cleared when it holds more prompt lengths than this.
