@@ -46,5 +46,5 @@ ENTRYPOINT ["vllm", "serve", \
             "--scheduling-policy", "fcfs", \
             "--enable-prefix-caching", \
             "--additional-config", \
-            "{\"fairway\": {\"policy\": \"fairway-step\", \"profile\": \"a6000-llama3.1-8b-estimate\"}}"]
+            "{\"fairway\": {\"policy\": \"fairway\", \"profile\": \"a6000-llama3.1-8b-estimate\"}}"]
 CMD ["--help"]

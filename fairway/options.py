@@ -56,9 +56,9 @@ OTHER_ENV_VARS: dict[str, str] = {
 #: Prefixes of more such variables (test settings).
 OTHER_ENV_PREFIXES = ("FAIRWAY_E2E_",)
 _JSON_SOURCE = "--additional-config"
-#: The ordering a server uses when none is given. The seed rule (`fairway-step`): the cross-step
-#: share (`fairway`) missed issue 10's goals on the E1, E2 and E5 measurements (FAIRWAY.md).
-DEFAULT_POLICY = "fairway-step"
+#: The ordering a server uses when none is given: `fairway`, the seed's work charges carried
+#: across steps (FAIRWAY.md, "Results", has the measurements behind the choice).
+DEFAULT_POLICY = "fairway"
 
 _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 
@@ -68,9 +68,9 @@ class FairwayOptions:
     """Resolved options of one Fairway scheduler (one per engine or per replay)."""
 
     policy: str = DEFAULT_POLICY
-    """The ordering of the waiting queue: a registered policy name (`fairway-step`, the default;
-    its ablations `fairway-abswait` and `fairway-nofair`; `fairway`, the cross-step share; or a
-    baseline such as `fcfs`, `lpm`, `peek`)."""
+    """The ordering of the waiting queue: a registered policy name (`fairway`, the default;
+    `fairway-step`, the seed's per-step rule, and its ablations `fairway-abswait` and
+    `fairway-nofair`; or a baseline such as `fcfs`, `lpm`, `peek`)."""
     policy_params: dict[str, Any] = field(default_factory=dict)
     """The policy's parameters (fields of its dataclass, e.g. `fast_weight` for `fairway`);
     given ones only, the policy's defaults apply to the rest."""

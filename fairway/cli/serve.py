@@ -88,8 +88,7 @@ def _add_fairway_flags(parser: argparse.ArgumentParser) -> None:
         "--policy",
         default=None,
         metavar="NAME",
-        help="ordering of the waiting queue (default: fairway-step, the seed rule; the policies "
-        "are listed below)",
+        help="ordering of the waiting queue (default: fairway; the policies are listed below)",
     )
     parser.add_argument(
         "--policy-arg",

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 def test_defaults():
     options = FairwayOptions.resolve(None, {})
-    assert options.policy == "fairway-step"
+    assert options.policy == "fairway"
     assert options.policy_params == {}
     assert not options.protect_enabled and not options.reorder_preempted
     assert options.top_k(128) == 128

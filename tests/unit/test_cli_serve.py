@@ -218,9 +218,9 @@ def test_fairway_variables_that_are_not_options_are_allowed():
     ("argv", "message"),
     [
         (["--policy", "nope"], r"policy='nope' \(from --policy\) is not a known policy; known "),
-        (["--policy-arg", "nope=1"], "policy 'fairway-step' has no parameter 'nope'; its "),
+        (["--policy-arg", "nope=1"], "policy 'fairway' has no parameter 'nope'; its "),
         (["--policy-arg", "lpm.k=1"], "policy 'lpm' is not in this run"),
-        (["--policy-arg", "fairway-step.nope=1"], "policy 'fairway-step' has no parameter 'nope'"),
+        (["--policy-arg", "fairway.nope=1"], "policy 'fairway' has no parameter 'nope'"),
         (["--policy-arg", "fast_weight"], "--policy-arg must be KEY=VALUE or POLICY.KEY=VALUE"),
         (["--policy-arg", "fast_weight=-1"], r"fast_weight=-1 \(from --policy-arg fast_weight\)"),
         (["--fairway-option", "nope=1"], "--fairway-option nope=...: unknown option"),

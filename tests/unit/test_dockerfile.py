@@ -103,7 +103,7 @@ def test_scheduler_class_exists_where_the_entrypoint_says() -> None:
 def test_default_fairway_options_are_valid() -> None:
     config = json.loads(flag(entrypoint(), "--additional-config"))
     options = FairwayOptions.resolve(config[SECTION], environ={})
-    assert options.policy == "fairway-step"
+    assert options.policy == "fairway"
     reference = options.policy_params.get("profile")
     assert reference in shipped_names()
 
