@@ -61,9 +61,9 @@ class FastScore(Policy):
     waited 2 s with 4 s of patience (term 0.5).
     """
 
-    #: Weight of the Fast lane against the Fair lane (> 0): the Fast lane's work is charged
-    #: `fast_weight` times (fairway-step), or gets fast_weight / (1 + fast_weight) of each
-    #: contested step's prefill tokens (fairway).
+    #: Charge on Fast-lane work in the merge (> 0): hits may take 1 / fast_weight of the oldest
+    #: request's work before it is placed, and under contention (fairway) the Fair lane gets
+    #: fast_weight / (1 + fast_weight) of the prefill tokens. Larger: closer to FCFS.
     fast_weight: float = 4.0
     #: SLO = patience_multiplier x T(L) (> 0).
     patience_multiplier: float = 3.0
@@ -188,7 +188,7 @@ class FairwayStepPolicy(FastScore):
     that is less than the step's token budget. A miss of fast_weight x budget tokens or more gets
     nothing while hits keep filling the steps, until its wait/SLO term lifts it in the Fast lane
     (benchmarks/e3_flood.py measures this); and once M has started, vLLM serves it first with the
-    whole budget. `fairway` (the cross-step share) fixes both.
+    whole budget. `fairway` (the charges carried across steps) fixes both.
 
     Worked example: five hits of 300 uncached tokens and an older 6,000-token miss M. Fast ledger
     1,200 (4 x 300) vs Fair ledger 6,000: H1..H4 bring Fast to 6,000, the tie goes to Fast (H5,

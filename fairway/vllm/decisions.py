@@ -221,8 +221,9 @@ def _share(policy: Policy) -> dict[str, Any] | None:
 
 
 def _finite(value: Any) -> float | int | None:
-    """A JSON-safe number: ints as they are, floats to 6 places; NaN and infinities: None."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    """A JSON-safe number: ints and bools as they are, floats to 6 places; NaN and infinities:
+    None."""
+    if isinstance(value, int):  # bools stay bools
         return value
     try:
         number = float(value)

@@ -76,7 +76,7 @@ class FairwayStats:
     #: Largest / smallest uncached work (tokens) in the queue at the last ordered step.
     queue_work_max_tokens: int | None = None
     queue_work_min_tokens: int | None = None
-    #: Prefill tokens vLLM scheduled per lane (cross-step share: O is "fair", the rest "fast").
+    #: Prefill tokens vLLM scheduled per lane (`fairway`: by the lane that placed each request).
     lane_prefill_tokens: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(SHARE_LANES, 0)
     )
@@ -167,8 +167,8 @@ def _get_collectors() -> dict[str, Any]:
             ),
             "lane_tokens": Counter(
                 "fairway:lane_prefill_tokens",
-                "Prefill tokens vLLM scheduled per lane of Fairway's cross-step share: fair = "
-                "the oldest request not done with its prefill, fast = every other prefill.",
+                "Prefill tokens vLLM scheduled per lane of Fairway's merge (fairway): by the "
+                "lane that placed each request in the step.",
                 (*LABELS, "lane"),
             ),
             "oldest_age": Gauge(

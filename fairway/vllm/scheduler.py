@@ -523,9 +523,8 @@ def _share_enabled(scheduler: Any, policy: Any) -> bool:
         return False
     if not share.chunked_prefill(scheduler):
         logger.warning(
-            "Fairway: chunked prefill is off, so policy %s only orders the waiting queue; its "
-            "token share between the oldest request and the Fast lane needs "
-            "--enable-chunked-prefill.",
+            "Fairway: chunked prefill is off, so policy %s only orders the waiting queue; "
+            "capping a running prefill at its lane's share needs --enable-chunked-prefill.",
             type(policy).name,
         )
         return False
