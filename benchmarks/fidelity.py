@@ -801,8 +801,9 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    fit = -(-args.max_model_len // args.block_size)
-    if sizing.num_blocks < fit:  # vLLM refuses to start when one longest request cannot fit
+    # vLLM refuses to start when one longest request cannot fit; it keeps one block back
+    fit = -(-args.max_model_len // args.block_size) + 1
+    if sizing.num_blocks < fit:
         print(f"fidelity: {sizing.num_blocks} KV blocks hold less than --max-model-len "
               f"{args.max_model_len}; using {fit}", file=sys.stderr)
         sizing = size_cache(trace, cache_fraction=args.cache_fraction, num_blocks=fit,

@@ -67,12 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", action="append", default=None)
     p.add_argument("--out", default=None, metavar="DIR")
     p.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
+    p.add_argument("--profile", default=None, metavar="PATH",
+                   help="a table measured earlier on this server (default: measure it first)")
+    p.add_argument("--num-blocks", type=int, default=2048,
+                   help="KV blocks of 32 tokens (default 2,048: a miss and the hits together)")
     args, rest = p.parse_known_args(argv)
     out_dir = new_out_dir(args.out, "live-witness")
     trace_path = out_dir / "live-witness-trace.jsonl"
     write_trace(build(), trace_path)
     forwarded = [
-        "--serve", args.serve, "--reprofile", "--profile-lengths", PROFILE_LENGTHS,
+        "--serve", args.serve,
+        *(["--profile", args.profile] if args.profile else
+          ["--reprofile", "--profile-lengths", PROFILE_LENGTHS]),
+        "--num-blocks", str(args.num_blocks),
         "--trace", str(trace_path), "--client", "vllm-bench", "--runs", str(args.runs),
         "--max-num-batched-tokens", "1024", "--max-model-len", "16384",
         "--cache-fraction", "1.0", "--out", str(out_dir / "fidelity"),
