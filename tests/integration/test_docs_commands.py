@@ -125,11 +125,11 @@ COMMANDS: dict[str, Entry] = {
     "vllm.entrypoints.openai.api_server --model MODEL --scheduler-cls "
     "fairway.vllm.scheduler.FairwayScheduler --enable-prefix-caching":
         Entry("PARSE", _SERVER),
-    ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1-v3":
+    ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1":
         Entry("PARSE", "26 replays (about a minute)"),
-    ".venv/bin/python benchmarks/e2_p99_scenarios.py --out results/e2-v3":
-        Entry("PARSE", "99 replays (minutes)"),
-    ".venv/bin/python benchmarks/e3_flood.py --out results/e3-sizes --policy fcfs --policy lpm "
+    ".venv/bin/python benchmarks/e2_p99_scenarios.py --out results/e2":
+        Entry("PARSE", "117 replays (minutes)"),
+    ".venv/bin/python benchmarks/e3_flood.py --out results/e3 --policy fcfs --policy lpm "
     "--policy klpm --policy klpm-4 --policy klpm-8 --policy hrrn --policy fairway-step "
     "--policy fairway":
         Entry("PARSE", "replays of the flood at four miss sizes (minutes)"),
@@ -137,13 +137,10 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "8 replays of the full flood trace"),
     ".venv/bin/python benchmarks/e5_tradeoff.py --out results/e5":
         Entry("PARSE", "the trade-off sweep: dozens of flood replays (minutes)"),
-    ".venv/bin/python benchmarks/e5_tradeoff.py --from-replays results/e5/replays --out "
-    "results/e5-check":
-        Entry("PARSE", "needs the replays of the command before it"),
-    ".venv/bin/fairway bench --trace hit-heavy --policy fcfs --policy lpm --policy klpm-4 "
-    "--policy hrrn --policy fairway-step --policy fairway --cache-fraction 1.5 --out "
-    "results/hit-heavy":
-        Entry("PARSE", "six replays of the hit-heavy preset (minutes)"),
+    ".venv/bin/python benchmarks/hit_miss_split.py --out results/hit-miss":
+        Entry("PARSE", "18 replays of the hit-heavy and long-context presets"),
+    ".venv/bin/python benchmarks/long_miss_hits.py --out results/long-miss":
+        Entry("PARSE", "six replays of a 61 s overloaded trace"),
     ".venv/bin/fairway inspect http://127.0.0.1:8000 --window-s 60":
         Entry("PARSE", "needs a running server (tests/e2e/test_inspect_live.py runs it for real)"),
     ".venv/bin/fairway serve MODEL --fairway-option decision_trace=decisions.jsonl "
