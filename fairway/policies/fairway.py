@@ -77,7 +77,8 @@ def merge(
     weight: float,
     ledgers: tuple[float, float] | None,
     slots: int | None = None,
-) -> tuple[list[int], list[str]]:
+    step_tokens: int | None = None,
+) -> tuple[list[int], list[str], list[str]]:
     """The seed's merge of two lanes over the same requests.
 
     `fast` and `fair` list the same requests (keys; waiting rows >= 0, running prefills < 0) in
@@ -90,17 +91,27 @@ def merge(
     `slots`: the step can start at most this many waiting requests. Once they are placed, only
     the running prefills are placed (a waiting request without a slot gets nothing, so it must
     not move the ledgers ahead of them), then the other waiting requests as before.
-    Returns the placed keys and the lane of each.
+    Returns the placed keys, the lane that placed each, and the lane each is charged to: the
+    placing lane, except that a Fair front (`fair[0]`, the oldest request) of at least
+    w x `step_tokens` work, one the seed's per-step rule would starve, is charged to the Fair
+    lane whichever lane places it. That changes no placement of the merge itself (its ledgers are
+    the seed's), only what the step's tokens are booked as: without it the Fast lane would pay
+    w x a whole chunk of the long front whenever its score put the front next (a running
+    prefill's computed tokens raise its score), and the hits behind it would wait up to w steps
+    while the Fair lane caught up.
     """
     placed: set[int] = set()
     keys: list[int] = []
     lanes: list[str] = []
+    charged: list[str] = []
     if not fast or not fair:
-        return keys, lanes
+        return keys, lanes, charged
     if ledgers is None:
         ledger = [weight * float(work[fast[0]]), float(work[fair[0]])]
     else:
         ledger = list(ledgers)
+    front = fair[0]
+    long_front = step_tokens is not None and float(work[front]) >= weight * step_tokens
 
     def run(fast_keys: Sequence[int], fair_keys: Sequence[int], waiting_limit: int | None) -> None:
         fast_pos = fair_pos = 0
@@ -116,10 +127,12 @@ def merge(
                 key = fast_keys[fast_pos]
                 ledger[0] += weight * float(work[key])
                 lanes.append(FAST)
+                charged.append(FAIR if key == front and long_front else FAST)
             else:
                 key = fair_keys[fair_pos]
                 ledger[1] += float(work[key])
                 lanes.append(FAIR)
+                charged.append(FAIR)
             placed.add(key)
             keys.append(key)
             waiting += key >= 0
@@ -130,7 +143,7 @@ def merge(
         run(fast, fair, max(0, slots))
         run([k for k in fast if k < 0], [k for k in fair if k < 0], None)
         run(fast, fair, None)
-    return keys, lanes
+    return keys, lanes, charged
 
 
 def grants(
@@ -167,7 +180,9 @@ class FairwayPolicy(FastScore):
     Merge (`merge`, the seed's): the lane with the smaller ledger places its next request not yet
     placed and adds its work (uncached tokens; x w = fast_weight for Fast); ties go to Fast.
     Once the step's free request slots are placed, only running prefills are placed (a waiting
-    request without a slot gets nothing this step), then the rest of the queue.
+    request without a slot gets nothing this step), then the rest of the queue. Each placed
+    request is charged to the lane that placed it, except a Fair front (the oldest request) that
+    the per-step rule would starve (work >= w P), which is always the Fair lane's.
 
     Contest. A step is contested when at least two requests compete, the two lanes' fronts
     differ, and their work exceeds P (the step's token budget minus the running decodes').
@@ -182,11 +197,15 @@ class FairwayPolicy(FastScore):
 
     Applying the step (`StepShare`, applied by the scheduler): the waiting queue in merge order;
     the prefilling running requests in merge order; the step's tokens given out in merge order
-    (`grants`) decide the rest: a running prefill that gets nothing is held back for the step,
-    and the one the budget runs out on keeps its grant and no more (vLLM's per-request cap,
-    `long_prefill_token_threshold`, set for the step to that grant). If a request placed before
-    it would need more than that grant, the running prefill is held back instead (it loses less
-    than that request's work, and its lane is charged only what it got).
+    (`grants`) decide the rest (vLLM serves running requests first, whatever the order): a
+    running prefill that gets nothing is held back for the step, and the one the budget runs
+    out on keeps its grant and no more (vLLM's per-request cap, `long_prefill_token_threshold`,
+    set for the step to that grant). If a request placed before it would need more than that
+    grant, the running prefill is held back instead (it loses less than that request's work,
+    and its lane is charged only what it got). A cap on every running prefill at its lane's
+    share of each step was measured and not kept: it changed nothing for hits behind a long
+    miss once the Fair front is charged to its own lane, and it raised E2's p99s (up to 1.75 x
+    `fairway-step`'s), making several long prefills share steps and all finish later.
 
     Guarantee (contested steps; w = fast_weight, P the step's prefill budget, D = fast - fair):
         * the lagging lane goes first: D <= 0, Fast's front is placed first; else Fair's;
@@ -292,8 +311,10 @@ class FairwayPolicy(FastScore):
         start = (self.ledger.fast, self.ledger.fair) if contested else None
         # Placements until a lane's known prefix is used up: each is the whole queue's merge's;
         # every running prefill and at least `head` waiting rows are placed.
-        keys, lanes = merge(fast, fair, work, self.fast_weight, start, slots)
-        share = self._share(queue, prefilling, budget, keys, lanes, work, tokens, contested, fair)
+        keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots, tokens)
+        share = self._share(
+            queue, prefilling, budget, keys, lanes, charged, work, tokens, contested, fair
+        )
         self.last_share = share
         return share
 
@@ -304,13 +325,15 @@ class FairwayPolicy(FastScore):
         budget: StepBudget | None,
         keys: list[int],
         lanes: list[str],
+        charged: list[str],
         work: dict[int, int],
         tokens: int,
         contested: bool,
         fair: list[int],
     ) -> StepShare:
         """The `StepShare` of a merge: the waiting order, and for a contested step the running
-        order, the prefills held back, the cap and the lane of every placed request."""
+        order, the prefills held back, the cap and the lane each placed request is charged to
+        (`last_lanes` keeps the lane that placed each waiting row)."""
         n = len(queue)
         rows = [k for k in keys if k >= 0]
         row_lanes = [lane for k, lane in zip(keys, lanes, strict=True) if k >= 0]
@@ -321,7 +344,7 @@ class FairwayPolicy(FastScore):
             ids[-(j + 1)] = p.request_id
         front = fair[0] if fair else None
         front_id = ids.get(front) if front is None or front in ids else queue.ids_of([front])[0]
-        placed = {ids[k]: lane for k, lane in zip(keys, lanes, strict=True)}
+        placed = {ids[k]: lane for k, lane in zip(keys, charged, strict=True)}
         if not contested or budget is None:
             return StepShare(order, front_id, budget=tokens, lanes=placed)
         free = max(0, budget.free_slots - len(budget.ahead))

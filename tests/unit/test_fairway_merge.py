@@ -54,7 +54,8 @@ def test_the_worked_example_and_its_charges() -> None:
     scheduled = {f"H{i}": 300 for i in range(1, 6)} | {"M": 548}
     policy.on_step_end(list(scheduled), 2_048, prefill_by_request=scheduled)
     assert (policy.ledger.fast, policy.ledger.fair) == (1_200 + 4 * 1_500, 6_000 + 548)
-    # M now runs with 5,452 left and the Fair ledger is behind: M goes first, the whole step
+    # M now runs with 5,452 left and the Fair ledger is behind (D = 652): M goes first, the whole
+    # step (the new hits wait one step; the Fast ledger is then behind)
     running = (PrefillingRequest("M", 0.0, 5_452, 6_000),)
     hits = [QueuedRequest(f"G{i}", 2.0, 6_300, 6_000) for i in range(3)]
     share = policy.step_share(hits, running, StepBudget(2_048, 16), 2.1)
@@ -92,8 +93,12 @@ def test_grants_and_the_slot_rule(work, running, tokens, slots, data) -> None:
     amounts |= {-(j + 1): data.draw(st.integers(1, 9_000)) for j in range(running)}
     fast = data.draw(st.permutations(keys))
     fair = data.draw(st.permutations(keys))
-    placed, lanes = merge(fast, fair, amounts, 4.0, None, slots)
-    assert sorted(placed) == sorted(keys) and len(lanes) == len(placed)
+    step = data.draw(st.sampled_from([None, 256, 2_048]))
+    placed, lanes, charged = merge(fast, fair, amounts, 4.0, None, slots, step)
+    assert sorted(placed) == sorted(keys) and len(lanes) == len(charged) == len(placed)
+    for key, lane, lane_charged in zip(placed, lanes, charged, strict=True):
+        long_front = key == fair[0] and step is not None and amounts[key] >= 4.0 * step
+        assert lane_charged == ("fair" if lane == "fair" or long_front else "fast")
     waiting_seen = 0
     for i, key in enumerate(placed):
         if key >= 0:
