@@ -1,16 +1,19 @@
 """Live witness: cache hits behind long misses, against `fairway serve` with vLLM's own client.
 
-    fairway tiny-model /tmp/tiny16k --max-len 16384      # once: the tiny CPU model
-    python benchmarks/live_witness.py --serve /tmp/tiny16k --out results/live-witness
+    fairway tiny-model /tmp/tiny16k --max-len 16384 --hidden 512 --layers 4 --dtype float32
+    python benchmarks/live_witness.py --serve /tmp/tiny16k --out results/live-witness \
+        --serve-arg=--gpu-memory-utilization=0.15
 
 The trace (the head-of-line check of `../shared/tools/hol_timed_trace.py`, as a Fairway trace with
 phases `hit` and `miss`): one 1,536-token document, computed by a first request at t = 0; from
 t = 2 s, hits (the document + 64 new tokens) at 4/s until t = 32 s; misses of 12,288 new tokens at
-t = 8, 16 and 24 s. The engine runs 1,024-token steps (`--max-num-batched-tokens`) and a 16k
-context. For each policy (fcfs, lpm, fairway-step, fairway) `benchmarks/fidelity.py` starts the
-server, replays the trace `--runs` times with `vllm bench serve` (timed_trace) and once on the
-virtual clock with the same engine settings, priced by a table it measures first on the same
-server up to the trace's longest prompt (`--reprofile`). The table: per policy and phase, live
+t = 8, 16 and 24 s. The engine runs 1,024-token steps (`--max-num-batched-tokens`), a 16k
+context and 2,048 KV blocks of 32 tokens (a miss and the hits fit together); with the model above
+a 12,288-token prompt takes ~4 s idle on a 2-core CPU. For each policy (fcfs, lpm,
+fairway-step, fairway) `benchmarks/fidelity.py` starts the server, replays the trace `--runs`
+times with `vllm bench serve` (timed_trace) and once on the virtual clock with the same engine
+settings, priced by a table it measures first on the same server up to the trace's longest
+prompt (`--reprofile`). The table: per policy and phase, live
 median / p90 / p99 with their spread over the runs beside the virtual prediction.
 
 Goals (issue 22): `fairway`'s hits' p90 <= half of FCFS's and LPM's, its misses within 10% of

@@ -161,6 +161,12 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "needs a running server (and the trace the command before it wrote)"),
     ".venv/bin/python benchmarks/decision_trace_cost.py":
         Entry("PARSE", "a timing run of the decision trace, not a test"),
+    ".venv/bin/fairway tiny-model /tmp/tiny16k --max-len 16384 --hidden 512 --layers 4 --dtype "
+    "float32":
+        Entry("RUN", "writes a tiny model in seconds", (("/tmp/tiny16k", "{tmp}/tiny16k"),)),
+    ".venv/bin/python benchmarks/live_witness.py --serve /tmp/tiny16k --out results/live-witness "
+    "--serve-arg=--gpu-memory-utilization=0.15":
+        Entry("PARSE", "profiles, then starts four servers and replays live (about 10 minutes)"),
     ".venv/bin/fairway tiny-model /tmp/tiny --max-len 8192":
         Entry("RUN", "writes a tiny model in seconds", (("/tmp/tiny", "{tmp}/tiny"),)),
     ".venv/bin/python benchmarks/fidelity.py --reprofile --profile-repeats 7 --serve /tmp/tiny "
@@ -192,6 +198,9 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
     "--sizes 100 1000 10000":
         Entry("PARSE", "minutes of engine steps at 100 to 10,000 waiting"),
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
+    "--sizes 1000 10000":
+        Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
     "--running 256 --sizes 1000 10000 --kinds admit busy":
         Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
