@@ -469,7 +469,7 @@ def test_serve_help_is_generated_from_the_option_docs(capsys):
     assert "fairway inspect" not in out
     assert "protect_top_k (default null; an integer >= 1, or null (the default))" in out
     assert "fast_weight (default 4.0)" in out
-    assert "Weight of the Fast lane against the Fair lane" in out
+    assert "Charge on Fast-lane work in the merge" in out
     assert "klpm, klpm-4, klpm-8:" in out
 
 
