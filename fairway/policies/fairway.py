@@ -203,9 +203,10 @@ class FairwayPolicy(FastScore):
     set for the step to that grant). If a request placed before it would need more than that
     grant, the running prefill is held back instead (it loses less than that request's work,
     and its lane is charged only what it got). A cap on every running prefill at its lane's
-    share of each step was measured and not kept: it changed nothing for hits behind a long
-    miss once the Fair front is charged to its own lane, and it raised E2's p99s (up to 1.75 x
-    `fairway-step`'s), making several long prefills share steps and all finish later.
+    share of each step was measured and not kept (one E2 run of that variant): it changed
+    nothing for hits behind a long miss once the Fair front is charged to its own lane, and it
+    raised E2's p99s (up to 1.75 x `fairway-step`'s), making several long prefills share steps
+    and all finish later.
 
     Guarantee (contested steps; w = fast_weight, P the step's prefill budget, D = fast - fair):
         * the lagging lane goes first: D <= 0, Fast's front is placed first; else Fair's;
