@@ -319,9 +319,12 @@ def _fail_before_sigterm(what: str, samples: list[Sample], replay: subprocess.Po
 def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_path: Path,
                                              e2e: SimpleNamespace) -> None:
     trace = tmp_path / "flood.jsonl"
+    # Built against 28,000 tokens/s, well above what the tiny model serves on a 2-core CPU
+    # (~7,000-12,000 prompt tokens/s): at 7,000 a fast machine kept up, nothing was ever queued,
+    # and the replay ended before 16 requests were in flight.
     assert fairway_main([
         "trace", "build", "flood", "--shape", "backlog:1.3:20,flood:0.9:20",
-        "--capacity-tps", "7000", "--param", "prefix_tokens=1024", "--param", "suffix_tokens=128",
+        "--capacity-tps", "28000", "--param", "prefix_tokens=1024", "--param", "suffix_tokens=128",
         "--param", "miss_tokens=1536", "-o", str(trace),
     ]) == 0
     watch = MachineWatch.start(e2e.process_tree(fault_server.proc.pid))
@@ -348,7 +351,8 @@ def test_sigterm_with_a_live_replay_in_flight(fault_server: FaultServer, tmp_pat
         holder, held = _hold_streams(fault_server, 12)
         samples += _wait_in_flight(fault_server, replay, at_least=16, timeout_s=IN_FLIGHT_TIMEOUT_S)
         if not _reached(samples, 16) or replay.poll() is not None:
-            _fail_before_sigterm("the replay and the held streams were never 16 in flight",
+            _fail_before_sigterm(f"the replay and the held streams were never 16 in flight "
+                                 f"(held streams so far: {held})",
                                  samples, replay, replay_log, fault_server, watch)
         tree = set(e2e.process_tree(fault_server.proc.pid))
         stopped_at = time.monotonic()
