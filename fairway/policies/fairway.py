@@ -8,7 +8,7 @@ use the same Fast-lane score (`FastScore`) and the same merge.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -314,7 +314,7 @@ class FairwayPolicy(FastScore):
         # every running prefill and at least `head` waiting rows are placed.
         keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots, tokens)
         share = self._share(
-            queue, prefilling, budget, keys, lanes, charged, work, tokens, contested, fair
+            queue, prefilling, slots, keys, lanes, charged, work, tokens, contested, fair
         )
         self.last_share = share
         return share
@@ -323,7 +323,7 @@ class FairwayPolicy(FastScore):
         self,
         queue: QueueColumns,
         prefilling: Sequence[PrefillingRequest],
-        budget: StepBudget | None,
+        slots: int | None,
         keys: list[int],
         lanes: list[str],
         charged: list[str],
@@ -346,10 +346,9 @@ class FairwayPolicy(FastScore):
         front = fair[0] if fair else None
         front_id = ids.get(front) if front is None or front in ids else queue.ids_of([front])[0]
         placed = {ids[k]: lane for k, lane in zip(keys, charged, strict=True)}
-        if not contested or budget is None:
+        if not contested or slots is None:
             return StepShare(order, front_id, budget=tokens, lanes=placed)
-        free = max(0, budget.free_slots - len(budget.ahead))
-        given = grants(keys, work, tokens, free)
+        given = grants(keys, work, tokens, slots)
         got = dict(zip(keys, given, strict=True))
         hold = {p.request_id for j, p in enumerate(prefilling) if got.get(-(j + 1), 0) == 0}
         cap = tokens
@@ -440,7 +439,11 @@ def _oldest(arrival: np.ndarray, head: int) -> np.ndarray:
     return rows[np.argsort(arrival[rows], kind="stable")][:head]
 
 
-def _with_running(rows: list[int], running_keys: list[tuple[float, ...]], key_of) -> list[int]:
+def _with_running(
+    rows: list[int],
+    running_keys: list[tuple[float, ...]],
+    key_of: Callable[[int], tuple[float, ...]],
+) -> list[int]:
     """A lane over waiting `rows` (already in the lane's order) and the running prefills (keys
     -(j + 1), sorted by `running_keys`, before a waiting row with an equal key)."""
     if not running_keys:
