@@ -1,5 +1,5 @@
-"""Documentation is executable: every command line in the ```bash blocks of README.md, FAIRWAY.md
-and docs/*.md works as written in the README's environment (`make setup`: `.venv`, the repository
+"""Documentation is executable: every command line in the ```bash blocks of README.md, FAIRWAY.md,
+docs/*.md and benchmarks/README.md works as written in the README's environment (`make setup`: `.venv`, the repository
 as the working directory).
 
 Every command must be classified in `COMMANDS` below, by its exact text (continuation lines
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "FAIRWAY.md", "docs/*.md")
+DOCS = ("README.md", "FAIRWAY.md", "docs/*.md", "benchmarks/README.md")
 VENV_BIN = Path(sys.executable).parent
 #: Printed by the runner when the program's parser accepted the arguments.
 PARSED = "DOCS-COMMAND-PARSED"
