@@ -1,6 +1,6 @@
 """Documentation is executable: every command line in the ```bash blocks of README.md, FAIRWAY.md,
-docs/*.md and benchmarks/README.md works as written in the README's environment (`make setup`: `.venv`, the repository
-as the working directory).
+docs/*.md and benchmarks/README.md works as written in the README's environment (`make setup`:
+`.venv`, the repository as the working directory).
 
 Every command must be classified in `COMMANDS` below, by its exact text (continuation lines
 joined, the trailing comment removed); a command that is not, or an entry no document uses any
@@ -100,14 +100,11 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "profiling starts a server and measures for minutes"),
     ".venv/bin/fairway bench --policy fcfs --policy fairway --policy-arg fast_weight=2":
         Entry("PARSE", "virtual-clock replays of the two SEC spike traces (minutes)"),
-    ".venv/bin/fairway bench --trace mooncake-long --max-num-batched-tokens 8192":
-        Entry("PARSE", "every policy on the long-context Mooncake preset (about a minute)"),
     ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace t.jsonl":
         Entry("PARSE", "needs a running server and a trace file"),
-    ".venv/bin/fairway trace build sec-a -o sec-a.jsonl":
-        Entry("RUN", "builds a trace in seconds (the shipped preset when the sources are absent)"),
-    ".venv/bin/fairway trace stats sec-a.jsonl":
-        Entry("RUN", "reads the trace the command before it built"),
+    # (also in FAIRWAY.md)
+    ".venv/bin/fairway inspect http://127.0.0.1:8000 --window-s 60":
+        Entry("PARSE", "needs a running server (tests/e2e/test_inspect_live.py runs it for real)"),
     # FAIRWAY.md
     "fairway serve MODEL --profile my-gpu.json [vLLM args ...]":
         Entry("PARSE", _SERVER, _VLLM_ARGS, where=_ACTIVATED),
@@ -125,6 +122,35 @@ COMMANDS: dict[str, Entry] = {
     "vllm.entrypoints.openai.api_server --model MODEL --scheduler-cls "
     "fairway.vllm.scheduler.FairwayScheduler --enable-prefix-caching":
         Entry("PARSE", _SERVER),
+    ".venv/bin/fairway serve MODEL --fairway-option decision_trace=decisions.jsonl "
+    "--fairway-option decision_trace_every=10":
+        Entry("PARSE", _SERVER),
+    ".venv/bin/fairway profile --from-step-log steps.jsonl --chunk-tokens 2048 --max-model-len "
+    "8192 -o live-steps.json":
+        Entry("PARSE", "needs a step log a server wrote under load"),
+    # docs/deployment.md
+    "docker build -t vllm-fairway .":
+        Entry("EXTERNAL", "needs docker (tests/unit/test_dockerfile.py checks the Dockerfile)"),
+    "docker run --gpus all --ipc=host -p 8000:8000 -v "
+    "~/.cache/huggingface:/root/.cache/huggingface -v "
+    "\"$PWD/h100-llama3.1-8b.json:/profiles/h100.json:ro\" -e "
+    "FAIRWAY_PROFILE=/profiles/h100.json vllm-fairway meta-llama/Llama-3.1-8B-Instruct "
+    "--max-model-len 32768":
+        Entry("EXTERNAL", "needs docker and a GPU"),
+    "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=5600 fairway serve "
+    "meta-llama/Llama-3.1-8B-Instruct --profile /profiles/h100.json --port 8100 "
+    "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}'":
+        Entry("PARSE", "a prefill node on a GPU host", where=_IN_IMAGE),
+    "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8200 --kv-transfer-config "
+    "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}'":
+        Entry("PARSE", "a decode node on a GPU host", where=_IN_IMAGE),
+    "ray start --head":
+        Entry("EXTERNAL", "starts a Ray cluster head (tests/integration run Ray locally)"),
+    "fairway serve meta-llama/Llama-3.1-70B-Instruct --profile "
+    "/profiles/h100x4-llama3.1-70b.json --tensor-parallel-size 4 "
+    "--distributed-executor-backend ray":
+        Entry("PARSE", "tensor parallelism over 4 GPUs on Ray", where=_IN_IMAGE),
+    # docs/results.md
     ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1":
         Entry("PARSE", "26 replays (about a minute)"),
     ".venv/bin/python benchmarks/e2_p99_scenarios.py --out results/e2":
@@ -141,24 +167,6 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "18 replays of the hit-heavy and long-context presets"),
     ".venv/bin/python benchmarks/long_miss_hits.py --out results/long-miss":
         Entry("PARSE", "six replays of a 61 s overloaded trace"),
-    ".venv/bin/fairway inspect http://127.0.0.1:8000 --window-s 60":
-        Entry("PARSE", "needs a running server (tests/e2e/test_inspect_live.py runs it for real)"),
-    ".venv/bin/fairway serve MODEL --fairway-option decision_trace=decisions.jsonl "
-    "--fairway-option decision_trace_every=10":
-        Entry("PARSE", _SERVER),
-    ".venv/bin/fairway trace build flood -o flood.jsonl.gz":
-        Entry("RUN", "builds the synthetic flood trace in seconds"),
-    ".venv/bin/fairway trace export flood.jsonl.gz -o flood-vllm.jsonl":
-        Entry("RUN", "reads the trace the command before it built"),
-    ".venv/bin/vllm bench serve --backend vllm --base-url http://127.0.0.1:8000 --model MODEL "
-    "--tokenizer MODEL --dataset-name timed_trace --dataset-path flood-vllm.jsonl --num-prompts "
-    "100000 --timed-trace-chunk-hash-size 16 --save-result --save-detailed --result-dir "
-    "results/vllm-bench":
-        Entry("PARSE", "needs a running server and the served model's tokenizer"),
-    ".venv/bin/fairway trace import flood-vllm.jsonl -o flood-back.jsonl.gz --chunk-tokens 16":
-        Entry("RUN", "reads the export two commands before it"),
-    ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace flood-back.jsonl.gz":
-        Entry("PARSE", "needs a running server (and the trace the command before it wrote)"),
     ".venv/bin/python benchmarks/decision_trace_cost.py":
         Entry("PARSE", "a timing run of the decision trace, not a test"),
     ".venv/bin/fairway tiny-model /tmp/tiny16k --max-len 16384 --hidden 512 --layers 4 --dtype "
@@ -192,42 +200,37 @@ COMMANDS: dict[str, Entry] = {
     "--server-cpus 0 --engine-cpus 1 --client-cpus 0 --serve-arg=--gpu-memory-utilization=0.15 "
     "--serve-arg=--dtype=float32 --out results/fidelity-mooncake":
         Entry("PARSE", "starts servers and replays live for about 45 minutes"),
-    ".venv/bin/fairway profile --from-step-log steps.jsonl --chunk-tokens 2048 --max-model-len "
-    "8192 -o live-steps.json":
-        Entry("PARSE", "needs a step log a server wrote under load"),
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
+    "--sizes 1000 10000":
+        Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
+    ".venv/bin/python benchmarks/policy_overhead.py":
+        Entry("PARSE", "times the policies; a timing run, not a test"),
+    # benchmarks/README.md
+    ".venv/bin/fairway bench --trace mooncake-long --max-num-batched-tokens 8192":
+        Entry("PARSE", "every policy on the long-context Mooncake preset (about a minute)"),
+    ".venv/bin/fairway trace build sec-a -o sec-a.jsonl":
+        Entry("RUN", "builds a trace in seconds (the shipped preset when the sources are absent)"),
+    ".venv/bin/fairway trace stats sec-a.jsonl":
+        Entry("RUN", "reads the trace the command before it built"),
+    ".venv/bin/fairway trace build flood -o flood.jsonl.gz":
+        Entry("RUN", "builds the synthetic flood trace in seconds"),
+    ".venv/bin/fairway trace export flood.jsonl.gz -o flood-vllm.jsonl":
+        Entry("RUN", "reads the trace the command before it built"),
+    ".venv/bin/vllm bench serve --backend vllm --base-url http://127.0.0.1:8000 --model MODEL "
+    "--tokenizer MODEL --dataset-name timed_trace --dataset-path flood-vllm.jsonl --num-prompts "
+    "100000 --timed-trace-chunk-hash-size 16 --save-result --save-detailed --result-dir "
+    "results/vllm-bench":
+        Entry("PARSE", "needs a running server and the served model's tokenizer"),
+    ".venv/bin/fairway trace import flood-vllm.jsonl -o flood-back.jsonl.gz --chunk-tokens 16":
+        Entry("RUN", "reads the export two commands before it"),
+    ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace flood-back.jsonl.gz":
+        Entry("PARSE", "needs a running server (and the trace the command before it wrote)"),
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
     "--sizes 100 1000 10000":
         Entry("PARSE", "minutes of engine steps at 100 to 10,000 waiting"),
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
-    "--sizes 1000 10000":
-        Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
-    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
     "--running 256 --sizes 1000 10000 --kinds admit busy":
         Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
-    ".venv/bin/python benchmarks/policy_overhead.py":
-        Entry("PARSE", "times the policies; a timing run, not a test"),
-    # docs/deployment.md
-    "docker build -t vllm-fairway .":
-        Entry("EXTERNAL", "needs docker (tests/unit/test_dockerfile.py checks the Dockerfile)"),
-    "docker run --gpus all --ipc=host -p 8000:8000 -v "
-    "~/.cache/huggingface:/root/.cache/huggingface -v "
-    "\"$PWD/h100-llama3.1-8b.json:/profiles/h100.json:ro\" -e "
-    "FAIRWAY_PROFILE=/profiles/h100.json vllm-fairway meta-llama/Llama-3.1-8B-Instruct "
-    "--max-model-len 32768":
-        Entry("EXTERNAL", "needs docker and a GPU"),
-    "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=5600 fairway serve "
-    "meta-llama/Llama-3.1-8B-Instruct --profile /profiles/h100.json --port 8100 "
-    "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}'":
-        Entry("PARSE", "a prefill node on a GPU host", where=_IN_IMAGE),
-    "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8200 --kv-transfer-config "
-    "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}'":
-        Entry("PARSE", "a decode node on a GPU host", where=_IN_IMAGE),
-    "ray start --head":
-        Entry("EXTERNAL", "starts a Ray cluster head (tests/integration run Ray locally)"),
-    "fairway serve meta-llama/Llama-3.1-70B-Instruct --profile "
-    "/profiles/h100x4-llama3.1-70b.json --tensor-parallel-size 4 "
-    "--distributed-executor-backend ray":
-        Entry("PARSE", "tensor parallelism over 4 GPUs on Ray", where=_IN_IMAGE),
 }
 
 
