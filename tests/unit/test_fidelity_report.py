@@ -1,5 +1,6 @@
 """The fidelity benchmark's report: live spread over runs, pairwise ranking with ties, and the
-step-model check that fits a per-request term to live step logs (benchmarks/fidelity.py)."""
+step-model check that fits a per-request term to live step logs (fairway.replay.fidelity), and
+the driver's CPU lists and defaults (benchmarks/fidelity.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import fidelity  # noqa: E402
+import fidelity as fidelity_script  # noqa: E402
 
 from fairway.profiling.step_time import TableStepTime  # noqa: E402
 from fairway.profiling.table import from_points  # noqa: E402
+from fairway.replay import fidelity  # noqa: E402
 from fairway.replay.results import ReplayResult, RequestResult  # noqa: E402
 
 
@@ -80,19 +82,20 @@ def test_step_model_check_recovers_a_per_request_cost(tmp_path: Path) -> None:
 
 
 def test_cpu_lists_parse_like_taskset() -> None:
-    assert fidelity._cpu_set("0,2-3") == {0, 2, 3}
-    assert fidelity._taskset("1", ["x"]) == ["taskset", "-c", "1", "x"]
-    assert fidelity._taskset(None, ["x"]) == ["x"]
+    assert fidelity_script._cpu_set("0,2-3") == {0, 2, 3}
+    assert fidelity_script._taskset("1", ["x"]) == ["taskset", "-c", "1", "x"]
+    assert fidelity_script._taskset(None, ["x"]) == ["x"]
 
 
 def test_reprofile_lengths_stay_within_the_model_length() -> None:
-    args = fidelity.parse_args(["--reprofile", "--serve", "m", "--max-model-len", "4096"])
+    args = fidelity_script.parse_args(["--reprofile", "--serve", "m", "--max-model-len", "4096"])
     assert args.profile_lengths == "128,256,512,1024,2048,4096"
-    args = fidelity.parse_args(["--reprofile", "--serve", "m", "--max-model-len", "3000"])
+    args = fidelity_script.parse_args(["--reprofile", "--serve", "m", "--max-model-len", "3000"])
     assert args.profile_lengths == "128,256,512,1024,2048,3000"
-    assert fidelity.parse_args(["--reprofile", "--serve", "m"]).profile_lengths.endswith(",8000")
-    assert fidelity.parse_args(["--profile", "p", "--url", "http://x"]).runs == 1
-    assert fidelity.parse_args(["--profile", "p", "--serve", "m"]).runs == 3
+    args = fidelity_script.parse_args(["--reprofile", "--serve", "m"])
+    assert args.profile_lengths.endswith(",8000")
+    assert fidelity_script.parse_args(["--profile", "p", "--url", "http://x"]).runs == 1
+    assert fidelity_script.parse_args(["--profile", "p", "--serve", "m"]).runs == 3
 
 
 def test_agreement_counts_only_phases_with_enough_requests() -> None:
