@@ -34,13 +34,16 @@ on the server; default sized from the trace as in `fairway bench`), block size (
 attention refuses 16), step budget, `max_num_seqs`, the same table for the policies' patience,
 and the same token-id blocks (ids below the model's vocabulary). Prints, per policy and phase,
 the live and virtual TTFT median and p99 side by side with their ratios, and writes fidelity.md /
-fidelity.json and every replay (plus each server's log).
+fidelity.json and every replay (plus each server's log). This script runs the replays; the
+statistics are `fairway.replay.fidelity`'s and the tables `fairway.replay.fidelity_markdown`'s.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -48,12 +51,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fairway import supervisor  # noqa: E402
 from fairway.errors import FairwayConfigError  # noqa: E402
+from fairway.profiling.calibration import fit_step_log  # noqa: E402
+from fairway.profiling.table import PrefillProfile  # noqa: E402
+from fairway.profiling.table import load as load_profile  # noqa: E402
 from fairway.replay import report  # noqa: E402
 from fairway.replay import results as results_io  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
@@ -64,14 +69,24 @@ from fairway.replay.bench import (  # noqa: E402
     write_json,
 )
 from fairway.replay.fidelity import (  # noqa: E402
-    agreement,
-    comparison,
-    ranking,
+    ComparisonRow,
+    LiveRuns,
+    StepModelCheck,
+    comparison_rows,
+    marked_fitted,
+    rankings,
     step_model_check,
     step_shapes,
-    step_table,
+)
+from fairway.replay.fidelity_markdown import (  # noqa: E402
+    comparison_table,
+    fitted_section,
+    ranking_table,
+    step_check_table,
+    step_shapes_table,
 )
 from fairway.replay.results import ReplayResult  # noqa: E402
+from fairway.replay.sim import CacheSizing, size_cache  # noqa: E402
 from fairway.traces.format import Trace  # noqa: E402
 
 NAME = "fidelity"
@@ -88,9 +103,7 @@ EXPORT_CHUNK_TOKENS = 16
 BLOCK_SIZE = 32
 
 
-def parse_args(argv: list[str] | None) -> Any:
-    import argparse
-
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--profile",
@@ -232,7 +245,7 @@ def scaled(trace: Trace, factor: float) -> Trace:
     return Trace(trace.header, reqs)
 
 
-def engine_args(args: Any) -> list[str]:
+def engine_args(args: argparse.Namespace) -> list[str]:
     """vLLM arguments shared by the profiler's server and every policy's server."""
     return [
         "--block-size",
@@ -250,7 +263,7 @@ def engine_args(args: Any) -> list[str]:
     ]
 
 
-def step_log_path(args: Any, policy: str) -> Path:
+def step_log_path(args: argparse.Namespace, policy: str) -> Path:
     """Where the server of `policy` writes its step log (--step-log), or wrote it (--live-from)."""
     return Path(args.live_from or args.out_dir) / "replays" / f"steps-{policy}.jsonl"
 
@@ -260,12 +273,10 @@ def run_stem(name: str, policy: str, client: str, run: int) -> str:
     return f"live--{results_io.safe_name(name)}--{policy}--{client}--run{run}"
 
 
-def load_live_runs(
-    args: Any, name: str, policies: list[str]
-) -> dict[tuple[str, str], list[ReplayResult]]:
+def load_live_runs(args: argparse.Namespace, name: str, policies: list[str]) -> LiveRuns:
     """The live runs an earlier run saved in --live-from DIR, for these policies and clients."""
     raw = Path(args.live_from) / "replays"
-    runs: dict[tuple[str, str], list[ReplayResult]] = {}
+    runs: LiveRuns = {}
     for policy in policies:
         for client in args.client:
             paths = sorted(raw.glob(f"{run_stem(name, policy, client, 0)[:-1]}*.json"))
@@ -276,7 +287,9 @@ def load_live_runs(
     return runs
 
 
-def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], list[str]]:
+def serve_command(
+    args: argparse.Namespace, policy: str, num_blocks: int
+) -> tuple[list[str], list[str]]:
     """`fairway serve` with the engine settings the virtual replay uses: (command, arguments).
 
     The supervisor puts `--host 127.0.0.1 --port PORT` between the two.
@@ -292,7 +305,7 @@ def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], l
     return command, [*rest, "--num-gpu-blocks-override", str(num_blocks), *engine_args(args)]
 
 
-def profile_command(args: Any, out_dir: Path, url: str) -> list[str]:
+def profile_command(args: argparse.Namespace, out_dir: Path, url: str) -> list[str]:
     """`fairway profile --url` against a server started like the live ones; writes profile.json."""
     from fairway.profiling.profiler import detect_local_hardware
 
@@ -307,7 +320,7 @@ def profile_command(args: Any, out_dir: Path, url: str) -> list[str]:
     ])
 
 
-def reprofile(args: Any, out_dir: Path) -> str:
+def reprofile(args: argparse.Namespace, out_dir: Path) -> str:
     """Measure T(L) on a server started (and pinned) as the live ones, with the client pinned as
     the live clients are; the profiler's output goes to OUT/profile.log. Returns the table's path.
     """
@@ -327,7 +340,7 @@ def reprofile(args: Any, out_dir: Path) -> str:
     return str(out_dir / "profile.json")
 
 
-def server_env(args: Any) -> dict[str, str]:
+def server_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment of every server this script starts (profiling and live)."""
     env = {**os.environ, **SERVER_ENV}
     if args.engine_cpus is not None:
@@ -398,7 +411,7 @@ def _served_model(url: str) -> str:
 
 
 def fairway_client_run(
-    args: Any, trace: Trace, name: str, policy: str, url: str, out_path: Path
+    args: argparse.Namespace, trace: Trace, name: str, policy: str, url: str, out_path: Path
 ) -> ReplayResult:
     """One open-loop replay with Fairway's own live client."""
     from fairway.replay.live import run_live
@@ -411,8 +424,8 @@ def fairway_client_run(
 
 
 def vllm_bench_run(
-    args: Any, trace: Trace, name: str, policy: str, url: str, model: str, export: Path,
-    out_path: Path,
+    args: argparse.Namespace, trace: Trace, name: str, policy: str, url: str, model: str,
+    export: Path, out_path: Path,
 ) -> ReplayResult:
     """One replay of the exported trace with `vllm bench serve` (vLLM's own client).
 
@@ -454,7 +467,8 @@ def vllm_bench_run(
 
 
 def replay_virtual(
-    args: Any, trace: Trace, name: str, policy: str, num_blocks: int, pricing: Any
+    args: argparse.Namespace, trace: Trace, name: str, policy: str, num_blocks: int,
+    pricing: PrefillProfile | str,
 ) -> ReplayResult:
     """The virtual replay of `policy`, its steps priced by `pricing` (a table or its path); the
     policy's own table (patience) is always --profile's, as on the live servers."""
@@ -470,8 +484,9 @@ def replay_virtual(
 
 
 def live_runs(
-    args: Any, trace: Trace, name: str, policies: list[str], num_blocks: int, raw_dir: Path
-) -> tuple[dict[tuple[str, str], list[ReplayResult]], dict[str, float]]:
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    raw_dir: Path,
+) -> tuple[LiveRuns, dict[str, float]]:
     """Every live run: {(client, policy): [result per run]}, and wall seconds per policy.
 
     One server per policy (or --url); before each run its prefix cache is reset and warmed up,
@@ -482,7 +497,7 @@ def live_runs(
     export = raw_dir / "trace-vllm-timed.jsonl"
     if "vllm-bench" in args.client:
         export_trace(trace, export, "vllm-timed-trace", EXPORT_CHUNK_TOKENS)
-    runs: dict[tuple[str, str], list[ReplayResult]] = {}
+    runs: LiveRuns = {}
     wall: dict[str, float] = {}
 
     def replay_all(policy: str, url: str) -> None:
@@ -522,12 +537,93 @@ def live_runs(
     return runs, wall
 
 
+def kv_sizing(args: argparse.Namespace, trace: Trace) -> CacheSizing:
+    """KV blocks of both sides: as `fairway bench` sizes them (or --num-blocks), but never fewer
+    than one longest request needs, since vLLM refuses to start then (it keeps one block back)."""
+    sizing = size_cache(
+        trace,
+        cache_fraction=args.cache_fraction,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    fit = -(-args.max_model_len // args.block_size) + 1
+    if sizing.num_blocks < fit:
+        print(f"fidelity: {sizing.num_blocks} KV blocks hold less than --max-model-len "
+              f"{args.max_model_len}; using {fit}", file=sys.stderr)
+        sizing = size_cache(trace, cache_fraction=args.cache_fraction, num_blocks=fit,
+                            block_size=args.block_size,
+                            max_num_batched_tokens=args.max_num_batched_tokens)
+    return sizing
+
+
+def live_side(
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    raw_dir: Path,
+) -> tuple[LiveRuns, dict[str, float]]:
+    """The live runs (new, or --live-from's) and wall seconds per policy; none with --dry-run or
+    --virtual-only, which print the serve commands instead (with --serve)."""
+    if args.dry_run or args.virtual_only:
+        if args.serve:
+            for policy in policies:
+                command, serve_args = serve_command(args, policy, num_blocks)
+                port = "PORT" if args.port is None else str(args.port)
+                print(shlex.join([*_taskset(args.server_cpus, command), "--host", "127.0.0.1",
+                                  "--port", port, *serve_args]))
+        return {}, {}
+    if args.live_from:
+        return load_live_runs(args, name, policies), {}
+    return live_runs(args, trace, name, policies, num_blocks, raw_dir)
+
+
+def replay_fitted(
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    out_dir: Path,
+) -> tuple[PrefillProfile, list[ReplayResult]] | None:
+    """--fit-live-steps: the step-time model fitted to the live step logs (written to
+    OUT/profile-fitted-to-live-steps.json) and the virtual replays priced by it, or None when the
+    logs are missing or too uniform to fit."""
+    logs = [step_log_path(args, p) for p in policies]
+    fitted = fit_step_log([p for p in logs if p.exists()],
+                          args.max_num_batched_tokens, args.max_model_len)
+    if fitted is None:
+        return None
+    fitted_path = out_dir / "profile-fitted-to-live-steps.json"
+    fitted_path.write_text(json.dumps(fitted.to_json(), indent=1), encoding="utf-8")
+    refit = [replay_virtual(args, trace, name, policy, num_blocks, fitted) for policy in policies]
+    for result in refit:
+        stem = f"virtual-fitted--{results_io.file_name(result)}"
+        results_io.save(result, out_dir / "replays" / stem)
+    return fitted, refit
+
+
+def live_report(
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    profile: PrefillProfile, runs: LiveRuns, virtual: list[ReplayResult], out_dir: Path,
+) -> tuple[str, list[ComparisonRow], dict[str, StepModelCheck | None]]:
+    """fidelity.md's tables, the comparison rows and the step-model checks of a run with a live
+    side (the step checks with --step-log or --live-from, the refit with --fit-live-steps)."""
+    rows = comparison_rows(runs, virtual)
+    table = comparison_table(rows) + "\n" + ranking_table(rankings(rows))
+    steps: dict[str, StepModelCheck | None] = {}
+    if args.step_log or args.live_from:
+        logs = [step_log_path(args, p) for p in policies]
+        steps = {p: step_model_check(log, profile) for p, log in zip(policies, logs, strict=True)}
+        table += ("\n" + step_check_table(steps) + "\n"
+                  + step_shapes_table(step_shapes(logs, profile)))
+    if args.fit_live_steps:
+        refit = replay_fitted(args, trace, name, policies, num_blocks, out_dir)
+        if refit is None:
+            table += "\nno step-time fit: the step logs are missing or too uniform\n"
+        else:
+            fitted, results = refit
+            refit_rows = comparison_rows(runs, results)
+            table += "\n" + fitted_section(fitted.step_time, rows, refit_rows)
+            rows += marked_fitted(refit_rows)
+    return table, rows, steps
+
+
 def main(argv: list[str] | None = None) -> int:
-    import json
-
-    from fairway.profiling.table import load
-    from fairway.replay.sim import size_cache
-
     args = parse_args(argv)
     policies = args.policy or list(DEFAULT_POLICIES)
     if args.url and len(policies) != 1:
@@ -540,27 +636,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         args.profile = reprofile(args, out_dir)
         profile_wall_s = round(time.perf_counter() - t0, 3)
-    profile = load(args.profile)
+    profile = load_profile(args.profile)
     capacity = args.capacity_tps or profile.capacity_tps(args.max_num_batched_tokens)
     trace = scaled(
         load_trace_spec(args.trace, quick=args.quick, capacity_tps=capacity), args.time_scale
     )
     name = trace_label(args.trace, args.quick)
-    sizing = size_cache(
-        trace,
-        cache_fraction=args.cache_fraction,
-        num_blocks=args.num_blocks,
-        block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
-    # vLLM refuses to start when one longest request cannot fit; it keeps one block back
-    fit = -(-args.max_model_len // args.block_size) + 1
-    if sizing.num_blocks < fit:
-        print(f"fidelity: {sizing.num_blocks} KV blocks hold less than --max-model-len "
-              f"{args.max_model_len}; using {fit}", file=sys.stderr)
-        sizing = size_cache(trace, cache_fraction=args.cache_fraction, num_blocks=fit,
-                            block_size=args.block_size,
-                            max_num_batched_tokens=args.max_num_batched_tokens)
+    sizing = kv_sizing(args, trace)
     raw_dir = out_dir / "replays"
     raw_dir.mkdir(parents=True, exist_ok=True)
     virtual = []
@@ -568,54 +650,14 @@ def main(argv: list[str] | None = None) -> int:
         result = replay_virtual(args, trace, name, policy, sizing.num_blocks, args.profile)
         results_io.save(result, raw_dir / f"virtual--{results_io.file_name(result)}")
         virtual.append(result)
-    runs: dict[tuple[str, str], list[ReplayResult]] = {}
-    live_wall_s: dict[str, float] = {}
-    if args.dry_run or args.virtual_only:
-        if args.serve:
-            for policy in policies:
-                command, serve_args = serve_command(args, policy, sizing.num_blocks)
-                port = "PORT" if args.port is None else str(args.port)
-                print(shlex.join([*_taskset(args.server_cpus, command), "--host", "127.0.0.1",
-                                  "--port", port, *serve_args]))
-    elif args.live_from:
-        runs = load_live_runs(args, name, policies)
-    else:
-        runs, live_wall_s = live_runs(args, trace, name, policies, sizing.num_blocks, raw_dir)
-    steps: dict[str, Any] = {}
+    runs, live_wall_s = live_side(args, trace, name, policies, sizing.num_blocks, raw_dir)
+    steps: dict[str, StepModelCheck | None] = {}
+    rows: list[ComparisonRow] = []
     if runs:
-        table, rows = comparison(runs, virtual)
-        table += "\n" + ranking(rows)
-        if args.step_log or args.live_from:
-            steps = {p: step_model_check(step_log_path(args, p), profile) for p in policies}
-            table += "\n" + step_table(steps) + "\n" + step_shapes(
-                [step_log_path(args, p) for p in policies], profile
-            )
-        if args.fit_live_steps:
-            from fairway.profiling.calibration import fit_step_log
-
-            logs = [step_log_path(args, p) for p in policies]
-            fitted = fit_step_log([p for p in logs if p.exists()],
-                                  args.max_num_batched_tokens, args.max_model_len)
-            if fitted is None:
-                table += "\nno step-time fit: the step logs are missing or too uniform\n"
-            else:
-                fitted_path = out_dir / "profile-fitted-to-live-steps.json"
-                fitted_path.write_text(json.dumps(fitted.to_json(), indent=1), encoding="utf-8")
-                refit = [
-                    replay_virtual(args, trace, name, policy, sizing.num_blocks, fitted)
-                    for policy in policies
-                ]
-                for result in refit:
-                    stem = f"virtual-fitted--{results_io.file_name(result)}"
-                    results_io.save(result, raw_dir / stem)
-                refit_table, refit_rows = comparison(runs, refit)
-                rows += [{**r, "virtual_model": "fitted to live steps"} for r in refit_rows]
-                table += ("\nVirtual side priced by the step-time model fitted to the live step "
-                          f"logs ({fitted.step_time}):\n\n" + refit_table + "\n"
-                          + ranking(refit_rows) + "\n" + agreement(rows, refit_rows))
+        table, rows, steps = live_report(args, trace, name, policies, sizing.num_blocks, profile,
+                                         runs, virtual, out_dir)
     else:
         table = report.to_markdown(report.summarize(virtual))
-        rows = []
     env = environment_info()
     header = (
         f"_fidelity: {env['date']}, {env['cpu_count']}-core {env['machine']} CPU "
