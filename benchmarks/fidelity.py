@@ -309,7 +309,7 @@ def profile_command(args: argparse.Namespace, out_dir: Path, url: str) -> list[s
     """`fairway profile --url` against a server started like the live ones; writes profile.json."""
     from fairway.profiling.profiler import detect_local_hardware
 
-    return _taskset(args.client_cpus, [
+    return taskset(args.client_cpus, [
         sys.executable, "-m", "fairway.cli", "profile", "--url", url,
         "-o", str(out_dir / "profile.json"), "--repeats", str(args.profile_repeats),
         "--lengths", args.profile_lengths, "--vocab-size", str(args.vocab_size),
@@ -326,7 +326,7 @@ def reprofile(args: argparse.Namespace, out_dir: Path) -> str:
     """
     command = [sys.executable, "-m", "fairway.cli", "serve", args.serve]
     with supervisor.running_server(
-        _taskset(args.server_cpus, command), ["--policy", "fcfs", *engine_args(args)],
+        taskset(args.server_cpus, command), ["--policy", "fcfs", *engine_args(args)],
         log_path=out_dir / "profile-serve.log", port=args.port, env=server_env(args),
         startup_timeout_s=args.startup_timeout_s, name="fairway serve (profiling)",
         say=lambda line: print(line, file=sys.stderr, flush=True),
@@ -348,7 +348,7 @@ def server_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def _taskset(cpus: str | None, command: list[str]) -> list[str]:
+def taskset(cpus: str | None, command: list[str]) -> list[str]:
     """`command` run on these CPUs only (all its child processes inherit the mask)."""
     return command if cpus is None else ["taskset", "-c", cpus, *command]
 
@@ -360,14 +360,14 @@ def client_cpus(cpus: str | None) -> Iterator[None]:
         yield
         return
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, _cpu_set(cpus))
+    os.sched_setaffinity(0, cpu_set(cpus))
     try:
         yield
     finally:
         os.sched_setaffinity(0, before)
 
 
-def _cpu_set(cpus: str) -> set[int]:
+def cpu_set(cpus: str) -> set[int]:
     """`0,2-3` -> {0, 2, 3} (taskset's list syntax)."""
     result: set[int] = set()
     for part in cpus.split(","):
@@ -404,7 +404,7 @@ def prepare_server(url: str, model: str, warmup: int, vocab_size: int) -> None:
     reset()
 
 
-def _served_model(url: str) -> str:
+def served_model(url: str) -> str:
     import httpx
 
     return str(httpx.get(f"{url}/v1/models", timeout=30.0).json()["data"][0]["id"])
@@ -446,7 +446,7 @@ def vllm_bench_run(
     vllm_path = out_path.with_suffix(".vllm.json")
     command[command.index("--result-filename") + 1] = vllm_path.name
     with (out_path.with_suffix(".log")).open("w") as log:
-        rc = subprocess.run(_taskset(args.client_cpus, command), stdout=log,
+        rc = subprocess.run(taskset(args.client_cpus, command), stdout=log,
                             stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         log_path = out_path.with_suffix(".log")
@@ -501,7 +501,7 @@ def live_runs(
     wall: dict[str, float] = {}
 
     def replay_all(policy: str, url: str) -> None:
-        model = _served_model(url)
+        model = served_model(url)
         for run in range(args.runs):
             for client in args.client:
                 if args.serve:
@@ -525,7 +525,7 @@ def live_runs(
         else:
             command, serve_args = serve_command(args, policy, num_blocks)
             with supervisor.running_server(
-                _taskset(args.server_cpus, command), serve_args,
+                taskset(args.server_cpus, command), serve_args,
                 log_path=raw_dir / f"serve-{policy}.log", port=args.port,
                 env=server_env(args),
                 startup_timeout_s=args.startup_timeout_s,
@@ -568,7 +568,7 @@ def live_side(
             for policy in policies:
                 command, serve_args = serve_command(args, policy, num_blocks)
                 port = "PORT" if args.port is None else str(args.port)
-                print(shlex.join([*_taskset(args.server_cpus, command), "--host", "127.0.0.1",
+                print(shlex.join([*taskset(args.server_cpus, command), "--host", "127.0.0.1",
                                   "--port", port, *serve_args]))
         return {}, {}
     if args.live_from:

@@ -83,9 +83,9 @@ def test_step_model_check_recovers_a_per_request_cost(tmp_path: Path) -> None:
 
 
 def test_cpu_lists_parse_like_taskset() -> None:
-    assert fidelity_script._cpu_set("0,2-3") == {0, 2, 3}
-    assert fidelity_script._taskset("1", ["x"]) == ["taskset", "-c", "1", "x"]
-    assert fidelity_script._taskset(None, ["x"]) == ["x"]
+    assert fidelity_script.cpu_set("0,2-3") == {0, 2, 3}
+    assert fidelity_script.taskset("1", ["x"]) == ["taskset", "-c", "1", "x"]
+    assert fidelity_script.taskset(None, ["x"]) == ["x"]
 
 
 def test_reprofile_lengths_stay_within_the_model_length() -> None:
