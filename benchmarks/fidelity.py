@@ -34,13 +34,16 @@ on the server; default sized from the trace as in `fairway bench`), block size (
 attention refuses 16), step budget, `max_num_seqs`, the same table for the policies' patience,
 and the same token-id blocks (ids below the model's vocabulary). Prints, per policy and phase,
 the live and virtual TTFT median and p99 side by side with their ratios, and writes fidelity.md /
-fidelity.json and every replay (plus each server's log).
+fidelity.json and every replay (plus each server's log). This script runs the replays; the
+statistics are `fairway.replay.fidelity`'s and the tables `fairway.replay.fidelity_markdown`'s.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -48,12 +51,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fairway import supervisor  # noqa: E402
 from fairway.errors import FairwayConfigError  # noqa: E402
+from fairway.profiling.calibration import fit_step_log  # noqa: E402
+from fairway.profiling.table import PrefillProfile  # noqa: E402
+from fairway.profiling.table import load as load_profile  # noqa: E402
 from fairway.replay import report  # noqa: E402
 from fairway.replay import results as results_io  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
@@ -63,7 +68,25 @@ from fairway.replay.bench import (  # noqa: E402
     trace_label,
     write_json,
 )
+from fairway.replay.fidelity import (  # noqa: E402
+    ComparisonRow,
+    LiveRuns,
+    StepModelCheck,
+    comparison_rows,
+    marked_fitted,
+    rankings,
+    step_model_check,
+    step_shapes,
+)
+from fairway.replay.fidelity_markdown import (  # noqa: E402
+    comparison_table,
+    fitted_section,
+    ranking_table,
+    step_check_table,
+    step_shapes_table,
+)
 from fairway.replay.results import ReplayResult  # noqa: E402
+from fairway.replay.sim import CacheSizing, size_cache  # noqa: E402
 from fairway.traces.format import Trace  # noqa: E402
 
 NAME = "fidelity"
@@ -80,9 +103,7 @@ EXPORT_CHUNK_TOKENS = 16
 BLOCK_SIZE = 32
 
 
-def parse_args(argv: list[str] | None) -> Any:
-    import argparse
-
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--profile",
@@ -224,7 +245,7 @@ def scaled(trace: Trace, factor: float) -> Trace:
     return Trace(trace.header, reqs)
 
 
-def engine_args(args: Any) -> list[str]:
+def engine_args(args: argparse.Namespace) -> list[str]:
     """vLLM arguments shared by the profiler's server and every policy's server."""
     return [
         "--block-size",
@@ -242,7 +263,7 @@ def engine_args(args: Any) -> list[str]:
     ]
 
 
-def step_log_path(args: Any, policy: str) -> Path:
+def step_log_path(args: argparse.Namespace, policy: str) -> Path:
     """Where the server of `policy` writes its step log (--step-log), or wrote it (--live-from)."""
     return Path(args.live_from or args.out_dir) / "replays" / f"steps-{policy}.jsonl"
 
@@ -252,12 +273,10 @@ def run_stem(name: str, policy: str, client: str, run: int) -> str:
     return f"live--{results_io.safe_name(name)}--{policy}--{client}--run{run}"
 
 
-def load_live_runs(
-    args: Any, name: str, policies: list[str]
-) -> dict[tuple[str, str], list[ReplayResult]]:
+def load_live_runs(args: argparse.Namespace, name: str, policies: list[str]) -> LiveRuns:
     """The live runs an earlier run saved in --live-from DIR, for these policies and clients."""
     raw = Path(args.live_from) / "replays"
-    runs: dict[tuple[str, str], list[ReplayResult]] = {}
+    runs: LiveRuns = {}
     for policy in policies:
         for client in args.client:
             paths = sorted(raw.glob(f"{run_stem(name, policy, client, 0)[:-1]}*.json"))
@@ -268,7 +287,9 @@ def load_live_runs(
     return runs
 
 
-def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], list[str]]:
+def serve_command(
+    args: argparse.Namespace, policy: str, num_blocks: int
+) -> tuple[list[str], list[str]]:
     """`fairway serve` with the engine settings the virtual replay uses: (command, arguments).
 
     The supervisor puts `--host 127.0.0.1 --port PORT` between the two.
@@ -284,11 +305,11 @@ def serve_command(args: Any, policy: str, num_blocks: int) -> tuple[list[str], l
     return command, [*rest, "--num-gpu-blocks-override", str(num_blocks), *engine_args(args)]
 
 
-def profile_command(args: Any, out_dir: Path, url: str) -> list[str]:
+def profile_command(args: argparse.Namespace, out_dir: Path, url: str) -> list[str]:
     """`fairway profile --url` against a server started like the live ones; writes profile.json."""
     from fairway.profiling.profiler import detect_local_hardware
 
-    return _taskset(args.client_cpus, [
+    return taskset(args.client_cpus, [
         sys.executable, "-m", "fairway.cli", "profile", "--url", url,
         "-o", str(out_dir / "profile.json"), "--repeats", str(args.profile_repeats),
         "--lengths", args.profile_lengths, "--vocab-size", str(args.vocab_size),
@@ -299,13 +320,13 @@ def profile_command(args: Any, out_dir: Path, url: str) -> list[str]:
     ])
 
 
-def reprofile(args: Any, out_dir: Path) -> str:
+def reprofile(args: argparse.Namespace, out_dir: Path) -> str:
     """Measure T(L) on a server started (and pinned) as the live ones, with the client pinned as
     the live clients are; the profiler's output goes to OUT/profile.log. Returns the table's path.
     """
     command = [sys.executable, "-m", "fairway.cli", "serve", args.serve]
     with supervisor.running_server(
-        _taskset(args.server_cpus, command), ["--policy", "fcfs", *engine_args(args)],
+        taskset(args.server_cpus, command), ["--policy", "fcfs", *engine_args(args)],
         log_path=out_dir / "profile-serve.log", port=args.port, env=server_env(args),
         startup_timeout_s=args.startup_timeout_s, name="fairway serve (profiling)",
         say=lambda line: print(line, file=sys.stderr, flush=True),
@@ -319,7 +340,7 @@ def reprofile(args: Any, out_dir: Path) -> str:
     return str(out_dir / "profile.json")
 
 
-def server_env(args: Any) -> dict[str, str]:
+def server_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment of every server this script starts (profiling and live)."""
     env = {**os.environ, **SERVER_ENV}
     if args.engine_cpus is not None:
@@ -327,7 +348,7 @@ def server_env(args: Any) -> dict[str, str]:
     return env
 
 
-def _taskset(cpus: str | None, command: list[str]) -> list[str]:
+def taskset(cpus: str | None, command: list[str]) -> list[str]:
     """`command` run on these CPUs only (all its child processes inherit the mask)."""
     return command if cpus is None else ["taskset", "-c", cpus, *command]
 
@@ -339,14 +360,14 @@ def client_cpus(cpus: str | None) -> Iterator[None]:
         yield
         return
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, _cpu_set(cpus))
+    os.sched_setaffinity(0, cpu_set(cpus))
     try:
         yield
     finally:
         os.sched_setaffinity(0, before)
 
 
-def _cpu_set(cpus: str) -> set[int]:
+def cpu_set(cpus: str) -> set[int]:
     """`0,2-3` -> {0, 2, 3} (taskset's list syntax)."""
     result: set[int] = set()
     for part in cpus.split(","):
@@ -383,14 +404,14 @@ def prepare_server(url: str, model: str, warmup: int, vocab_size: int) -> None:
     reset()
 
 
-def _served_model(url: str) -> str:
+def served_model(url: str) -> str:
     import httpx
 
     return str(httpx.get(f"{url}/v1/models", timeout=30.0).json()["data"][0]["id"])
 
 
 def fairway_client_run(
-    args: Any, trace: Trace, name: str, policy: str, url: str, out_path: Path
+    args: argparse.Namespace, trace: Trace, name: str, policy: str, url: str, out_path: Path
 ) -> ReplayResult:
     """One open-loop replay with Fairway's own live client."""
     from fairway.replay.live import run_live
@@ -403,8 +424,8 @@ def fairway_client_run(
 
 
 def vllm_bench_run(
-    args: Any, trace: Trace, name: str, policy: str, url: str, model: str, export: Path,
-    out_path: Path,
+    args: argparse.Namespace, trace: Trace, name: str, policy: str, url: str, model: str,
+    export: Path, out_path: Path,
 ) -> ReplayResult:
     """One replay of the exported trace with `vllm bench serve` (vLLM's own client).
 
@@ -425,7 +446,7 @@ def vllm_bench_run(
     vllm_path = out_path.with_suffix(".vllm.json")
     command[command.index("--result-filename") + 1] = vllm_path.name
     with (out_path.with_suffix(".log")).open("w") as log:
-        rc = subprocess.run(_taskset(args.client_cpus, command), stdout=log,
+        rc = subprocess.run(taskset(args.client_cpus, command), stdout=log,
                             stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         log_path = out_path.with_suffix(".log")
@@ -446,7 +467,8 @@ def vllm_bench_run(
 
 
 def replay_virtual(
-    args: Any, trace: Trace, name: str, policy: str, num_blocks: int, pricing: Any
+    args: argparse.Namespace, trace: Trace, name: str, policy: str, num_blocks: int,
+    pricing: PrefillProfile | str,
 ) -> ReplayResult:
     """The virtual replay of `policy`, its steps priced by `pricing` (a table or its path); the
     policy's own table (patience) is always --profile's, as on the live servers."""
@@ -462,8 +484,9 @@ def replay_virtual(
 
 
 def live_runs(
-    args: Any, trace: Trace, name: str, policies: list[str], num_blocks: int, raw_dir: Path
-) -> tuple[dict[tuple[str, str], list[ReplayResult]], dict[str, float]]:
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    raw_dir: Path,
+) -> tuple[LiveRuns, dict[str, float]]:
     """Every live run: {(client, policy): [result per run]}, and wall seconds per policy.
 
     One server per policy (or --url); before each run its prefix cache is reset and warmed up,
@@ -474,11 +497,11 @@ def live_runs(
     export = raw_dir / "trace-vllm-timed.jsonl"
     if "vllm-bench" in args.client:
         export_trace(trace, export, "vllm-timed-trace", EXPORT_CHUNK_TOKENS)
-    runs: dict[tuple[str, str], list[ReplayResult]] = {}
+    runs: LiveRuns = {}
     wall: dict[str, float] = {}
 
     def replay_all(policy: str, url: str) -> None:
-        model = _served_model(url)
+        model = served_model(url)
         for run in range(args.runs):
             for client in args.client:
                 if args.serve:
@@ -502,7 +525,7 @@ def live_runs(
         else:
             command, serve_args = serve_command(args, policy, num_blocks)
             with supervisor.running_server(
-                _taskset(args.server_cpus, command), serve_args,
+                taskset(args.server_cpus, command), serve_args,
                 log_path=raw_dir / f"serve-{policy}.log", port=args.port,
                 env=server_env(args),
                 startup_timeout_s=args.startup_timeout_s,
@@ -514,268 +537,93 @@ def live_runs(
     return runs, wall
 
 
-@dataclasses.dataclass(frozen=True)
-class Spread:
-    """One statistic over the live runs: their median, min and max (None: no TTFT at all)."""
-
-    median: float | None
-    lo: float | None
-    hi: float | None
-
-    @classmethod
-    def of(cls, values: list[float | None]) -> Spread:
-        import numpy as np
-
-        got = [v for v in values if v is not None]
-        if not got:
-            return cls(None, None, None)
-        return cls(float(np.median(got)), min(got), max(got))
-
-
-def comparison(
-    runs: dict[tuple[str, str], list[ReplayResult]], virtual: list[ReplayResult]
-) -> tuple[str, list[dict]]:
-    """Per client x policy x phase: virtual, live median of runs [min-max], virtual / live."""
-    rows = []
-    lines = [
-        "| client | policy | phase | n | runs | failed | virtual median | live median [min-max] "
-        "| v/l | virtual p90 | live p90 [min-max] | v/l | virtual p99 | live p99 [min-max] | v/l |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    s_virt = report.summarize(virtual)
-    for (client, policy), results in runs.items():
-        t = results[0].trace_name
-        per_run = [report.summarize([r]) for r in results]
-        for phase in s_virt.phases[t]:
-            v = s_virt.row(t, policy, phase)
-            stats = [s.row(t, policy, phase) for s in per_run]
-            if v is None or any(a is None for a in stats):
-                continue
-            med = Spread.of([a.median_s for a in stats])  # type: ignore[union-attr]
-            p90 = Spread.of([a.p90_s for a in stats])  # type: ignore[union-attr]
-            p99 = Spread.of([a.p99_s for a in stats])  # type: ignore[union-attr]
-            failed = sum(a.n_errors for a in stats)  # type: ignore[union-attr]
-            row = {
-                "client": client, "policy": policy, "phase": phase, "n": v.n,
-                "runs": len(results), "live_errors": failed,
-                "virtual_median_s": v.median_s, "live_median_s": med.median,
-                "live_median_min_s": med.lo, "live_median_max_s": med.hi,
-                "virtual_p90_s": v.p90_s, "live_p90_s": p90.median,
-                "live_p90_min_s": p90.lo, "live_p90_max_s": p90.hi,
-                "virtual_p99_s": v.p99_s, "live_p99_s": p99.median,
-                "live_p99_min_s": p99.lo, "live_p99_max_s": p99.hi,
-                "live_medians_s": [a.median_s for a in stats],  # type: ignore[union-attr]
-                "live_p99s_s": [a.p99_s for a in stats],  # type: ignore[union-attr]
-            }
-            rows.append(row)
-            lines.append(
-                f"| {client} | {policy} | {phase} | {v.n} | {len(results)} | {failed} | "
-                f"{_f(v.median_s)} | {_spread(med)} | {_ratio(v.median_s, med.median)} | "
-                f"{_f(v.p90_s)} | {_spread(p90)} | {_ratio(v.p90_s, p90.median)} | "
-                f"{_f(v.p99_s)} | {_spread(p99)} | {_ratio(v.p99_s, p99.median)} |"
-            )
-    return "\n".join(lines) + "\n", rows
-
-
-#: Virtual values closer than this (relative) are a tie: the live order of a tie is not checked.
-RANK_TIE = 0.05
-
-
-def ranking(rows: list[dict]) -> str:
-    """Per client, phase and statistic: the policies ranked virtual and live, and whether every
-    pair the replay separates (by more than RANK_TIE) is in the same order live."""
-    lines = ["| client | phase | statistic | virtual ranking | live ranking | pairs in the same "
-             "order |", "|---|---|---|---|---|---|"]
-    keys = sorted({(r["client"], r["phase"]) for r in rows}, key=lambda k: (k[0], k[1] != "all"))
-    for client, phase in keys:
-        group = [r for r in rows if r["client"] == client and r["phase"] == phase]
-        if len(group) < 2:
-            continue
-        for stat in ("median", "p99"):
-            v = {r["policy"]: r[f"virtual_{stat}_s"] or float("inf") for r in group}
-            live = {r["policy"]: r[f"live_{stat}_s"] or float("inf") for r in group}
-            same = total = 0
-            for a in v:
-                for b in v:
-                    if a < b and abs(v[a] - v[b]) > RANK_TIE * max(v[a], v[b]):
-                        total += 1
-                        same += (v[a] < v[b]) == (live[a] < live[b])
-            lines.append(f"| {client} | {phase} | {stat} | {_ranked(v)} | {_ranked(live)} | "
-                         f"{same} of {total} |")
-    return "\n".join(lines) + "\n"
-
-
-def _ranked(values: dict[str, float]) -> str:
-    return " < ".join(f"{p} ({values[p]:.2f})" for p in sorted(values, key=values.__getitem__))
-
-
-def step_model_check(path: Path, profile: Any) -> dict[str, Any] | None:
-    """Live engine steps (a step log) against the replay's step-time model.
-
-    Per step: measured seconds vs the replay's step-time model (`step_time.for_profile`) of its
-    spans; the residual
-    (measured - model) is fitted as r0 + r1 * k over the steps' request counts k, the term a
-    per-request cost would add. Prefill steps only (a decode token is priced like a prompt
-    token by the model; the fidelity traces have max_tokens 1, so decodes are rare).
-    """
-    import numpy as np
-
-    from fairway.profiling.calibration import read_step_log
-    from fairway.profiling.step_time import for_profile
-
-    if not path.exists():
-        return None
-    model = for_profile(profile)
-    measured, predicted, counts, context = [], [], [], []
-    for logged, seconds in read_step_log(path):
-        chunks = [(n, b) for n, b in logged if n > 1]
-        if not chunks:
-            continue
-        measured.append(seconds)
-        predicted.append(model.step_time_s([(b, b + n) for n, b in chunks]))
-        counts.append(len(chunks))
-        context.append(sum(b for _, b in chunks))
-    if len(measured) < 3:
-        return None
-    m, p, k = np.array(measured), np.array(predicted), np.array(counts, dtype=float)
-    design = np.column_stack([np.ones_like(k), k])
-    (r0, r1), *_ = np.linalg.lstsq(design, m - p, rcond=None)
-    many = k >= 4
-    return {
-        "steps": len(m),
-        "measured_total_s": float(m.sum()),
-        "model_total_s": float(p.sum()),
-        "measured_over_model": float(m.sum() / p.sum()),
-        "median_step_ratio": float(np.median(m / p)),
-        "residual_fit_s": {"per_step": float(r0), "per_request": float(r1)},
-        "median_requests_per_step": float(np.median(k)),
-        "ratio_steps_k_ge_4": float(m[many].sum() / p[many].sum()) if many.any() else None,
-        "ratio_steps_k_1": float(m[k == 1].sum() / p[k == 1].sum()) if (k == 1).any() else None,
-        "ratio_steps_with_context": (
-            float(m[np.array(context) > 0].sum() / p[np.array(context) > 0].sum())
-            if any(c > 0 for c in context) else None
-        ),
-    }
-
-
-#: Phases with fewer requests are shown but not counted in `agreement` (the issue's rule).
-MIN_PHASE_REQUESTS = 30
-#: |virtual / live - 1| within this counts as agreement.
-AGREEMENT = 0.15
-
-
-def agreement(idle: list[dict], fitted: list[dict]) -> str:
-    """Idle table vs the model fitted to live steps, per client x policy x phase with
-    `MIN_PHASE_REQUESTS`+ requests: live median of the runs [range] and virtual / live of both;
-    then how many medians and p99s each gets within `AGREEMENT` and inside the live range."""
-    by_key = {(r["client"], r["policy"], r["phase"]): r for r in fitted}
-    lines = ["| client | policy | phase | n | live median, s [min-max of runs] | v/l idle table | "
-             "v/l fitted | live p99, s [min-max] | v/l idle table | v/l fitted |",
-             "|---|---|---|---:|---|---:|---:|---|---:|---:|"]
-    within = {"idle": 0, "fitted": 0}
-    inside = {"idle": 0, "fitted": 0}
-    total = 0
-    for r in idle:
-        g = by_key.get((r["client"], r["policy"], r["phase"]))
-        if g is None or r["n"] < MIN_PHASE_REQUESTS or r.get("virtual_model"):
-            continue
-        cells = []
-        for stat in ("median", "p99"):
-            live, lo, hi = (r[f"live_{stat}_s"], r[f"live_{stat}_min_s"],
-                            r[f"live_{stat}_max_s"])
-            total += 1
-            ratios = []
-            for label, row in (("idle", r), ("fitted", g)):
-                v = row[f"virtual_{stat}_s"]
-                within[label] += abs(v / live - 1) <= AGREEMENT
-                inside[label] += lo <= v <= hi
-                ratios.append(f"{v / live:.2f}")
-            cells.append(f"{live:.2f} [{lo:.2f}-{hi:.2f}] | {' | '.join(ratios)}")
-        lines.append(f"| {r['client']} | {r['policy']} | {r['phase']} | {r['n']} | "
-                     f"{' | '.join(cells)} |")
-    lines.append("")
-    lines.append(
-        f"Within {AGREEMENT:.0%} of the live value: idle table {within['idle']} of {total}, "
-        f"fitted {within['fitted']} of {total}; inside the live range: idle table "
-        f"{inside['idle']}, fitted {inside['fitted']} of {total}."
+def kv_sizing(args: argparse.Namespace, trace: Trace) -> CacheSizing:
+    """KV blocks of both sides: as `fairway bench` sizes them (or --num-blocks), but never fewer
+    than one longest request needs, since vLLM refuses to start then (it keeps one block back)."""
+    sizing = size_cache(
+        trace,
+        cache_fraction=args.cache_fraction,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    return "\n".join(lines) + "\n"
+    fit = -(-args.max_model_len // args.block_size) + 1
+    if sizing.num_blocks < fit:
+        print(f"fidelity: {sizing.num_blocks} KV blocks hold less than --max-model-len "
+              f"{args.max_model_len}; using {fit}", file=sys.stderr)
+        sizing = size_cache(trace, cache_fraction=args.cache_fraction, num_blocks=fit,
+                            block_size=args.block_size,
+                            max_num_batched_tokens=args.max_num_batched_tokens)
+    return sizing
 
 
-def step_shapes(paths: list[Path], profile: Any, min_steps: int = 5) -> str:
-    """Single-request steps of the step logs grouped by shape (new tokens, to 100 below 2,048;
-    tokens before, to 2,048): median measured seconds against the replay's model."""
-    import numpy as np
-
-    from fairway.profiling.calibration import read_step_log
-    from fairway.profiling.step_time import for_profile
-
-    model = for_profile(profile)
-    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for path in paths:
-        if not path.exists():
-            continue
-        for logged, seconds in read_step_log(path):
-            chunks = [(n, b) for n, b in logged if n > 1]
-            if len(chunks) != 1:
-                continue
-            n, before = chunks[0]
-            key = (n if n >= 2048 else round(n, -2), before // 2048 * 2048)
-            groups.setdefault(key, []).append((seconds, model.step_time_s([(before, before + n)])))
-    lines = ["| new tokens | tokens before (from; 2,048 wide) | steps | live median ms | model "
-             "median ms |",
-             "|---:|---:|---:|---:|---:|"]
-    for (n, before), pairs in sorted(groups.items()):
-        if len(pairs) < min_steps:
-            continue
-        live, priced = np.median(np.array(pairs), axis=0)
-        lines.append(f"| {n} | {before} | {len(pairs)} | {1e3 * live:.0f} | {1e3 * priced:.0f} |")
-    return "\n".join(lines) + "\n"
+def live_side(
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    raw_dir: Path,
+) -> tuple[LiveRuns, dict[str, float]]:
+    """The live runs (new, or --live-from's) and wall seconds per policy; none with --dry-run or
+    --virtual-only, which print the serve commands instead (with --serve)."""
+    if args.dry_run or args.virtual_only:
+        if args.serve:
+            for policy in policies:
+                command, serve_args = serve_command(args, policy, num_blocks)
+                port = "PORT" if args.port is None else str(args.port)
+                print(shlex.join([*taskset(args.server_cpus, command), "--host", "127.0.0.1",
+                                  "--port", port, *serve_args]))
+        return {}, {}
+    if args.live_from:
+        return load_live_runs(args, name, policies), {}
+    return live_runs(args, trace, name, policies, num_blocks, raw_dir)
 
 
-def step_table(steps: dict[str, Any]) -> str:
-    """The step-model check per policy as Markdown."""
-    lines = ["| policy | steps | measured / model (sum) | median step ratio | residual per step "
-             "ms | per request ms | ratio k=1 | ratio k>=4 | ratio with cached context |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for policy, c in steps.items():
-        if c is None:
-            lines.append(f"| {policy} | — | | | | | | | |")
-            continue
-        fit = c["residual_fit_s"]
-        lines.append(
-            f"| {policy} | {c['steps']} | {c['measured_over_model']:.2f} | "
-            f"{c['median_step_ratio']:.2f} | {1e3 * fit['per_step']:.1f} | "
-            f"{1e3 * fit['per_request']:.1f} | {_opt(c['ratio_steps_k_1'])} | "
-            f"{_opt(c['ratio_steps_k_ge_4'])} | {_opt(c['ratio_steps_with_context'])} |"
-        )
-    return "\n".join(lines) + "\n"
+def replay_fitted(
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    out_dir: Path,
+) -> tuple[PrefillProfile, list[ReplayResult]] | None:
+    """--fit-live-steps: the step-time model fitted to the live step logs (written to
+    OUT/profile-fitted-to-live-steps.json) and the virtual replays priced by it, or None when the
+    logs are missing or too uniform to fit."""
+    logs = [step_log_path(args, p) for p in policies]
+    fitted = fit_step_log([p for p in logs if p.exists()],
+                          args.max_num_batched_tokens, args.max_model_len)
+    if fitted is None:
+        return None
+    fitted_path = out_dir / "profile-fitted-to-live-steps.json"
+    fitted_path.write_text(json.dumps(fitted.to_json(), indent=1), encoding="utf-8")
+    refit = [replay_virtual(args, trace, name, policy, num_blocks, fitted) for policy in policies]
+    for result in refit:
+        stem = f"virtual-fitted--{results_io.file_name(result)}"
+        results_io.save(result, out_dir / "replays" / stem)
+    return fitted, refit
 
 
-def _opt(v: float | None) -> str:
-    return "—" if v is None else f"{v:.2f}"
-
-
-def _spread(s: Spread) -> str:
-    if s.median is None:
-        return "—"
-    return f"{s.median:.3f} [{s.lo:.3f}-{s.hi:.3f}]"
-
-
-def _f(v: float | None) -> str:
-    return "—" if v is None else f"{v:.3f}"
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    return "—" if a is None or not b else f"{a / b:.2f}"
+def live_report(
+    args: argparse.Namespace, trace: Trace, name: str, policies: list[str], num_blocks: int,
+    profile: PrefillProfile, runs: LiveRuns, virtual: list[ReplayResult], out_dir: Path,
+) -> tuple[str, list[ComparisonRow], dict[str, StepModelCheck | None]]:
+    """fidelity.md's tables, the comparison rows and the step-model checks of a run with a live
+    side (the step checks with --step-log or --live-from, the refit with --fit-live-steps)."""
+    rows = comparison_rows(runs, virtual)
+    table = comparison_table(rows) + "\n" + ranking_table(rankings(rows))
+    steps: dict[str, StepModelCheck | None] = {}
+    if args.step_log or args.live_from:
+        logs = [step_log_path(args, p) for p in policies]
+        steps = {p: step_model_check(log, profile) for p, log in zip(policies, logs, strict=True)}
+        table += ("\n" + step_check_table(steps) + "\n"
+                  + step_shapes_table(step_shapes(logs, profile)))
+    if args.fit_live_steps:
+        refit = replay_fitted(args, trace, name, policies, num_blocks, out_dir)
+        if refit is None:
+            table += "\nno step-time fit: the step logs are missing or too uniform\n"
+        else:
+            fitted, results = refit
+            refit_rows = comparison_rows(runs, results)
+            table += "\n" + fitted_section(fitted.step_time, rows, refit_rows)
+            rows += marked_fitted(refit_rows)
+    return table, rows, steps
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
-    from fairway.profiling.table import load
-    from fairway.replay.sim import size_cache
-
     args = parse_args(argv)
     policies = args.policy or list(DEFAULT_POLICIES)
     if args.url and len(policies) != 1:
@@ -788,27 +636,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         args.profile = reprofile(args, out_dir)
         profile_wall_s = round(time.perf_counter() - t0, 3)
-    profile = load(args.profile)
+    profile = load_profile(args.profile)
     capacity = args.capacity_tps or profile.capacity_tps(args.max_num_batched_tokens)
     trace = scaled(
         load_trace_spec(args.trace, quick=args.quick, capacity_tps=capacity), args.time_scale
     )
     name = trace_label(args.trace, args.quick)
-    sizing = size_cache(
-        trace,
-        cache_fraction=args.cache_fraction,
-        num_blocks=args.num_blocks,
-        block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
-    # vLLM refuses to start when one longest request cannot fit; it keeps one block back
-    fit = -(-args.max_model_len // args.block_size) + 1
-    if sizing.num_blocks < fit:
-        print(f"fidelity: {sizing.num_blocks} KV blocks hold less than --max-model-len "
-              f"{args.max_model_len}; using {fit}", file=sys.stderr)
-        sizing = size_cache(trace, cache_fraction=args.cache_fraction, num_blocks=fit,
-                            block_size=args.block_size,
-                            max_num_batched_tokens=args.max_num_batched_tokens)
+    sizing = kv_sizing(args, trace)
     raw_dir = out_dir / "replays"
     raw_dir.mkdir(parents=True, exist_ok=True)
     virtual = []
@@ -816,54 +650,14 @@ def main(argv: list[str] | None = None) -> int:
         result = replay_virtual(args, trace, name, policy, sizing.num_blocks, args.profile)
         results_io.save(result, raw_dir / f"virtual--{results_io.file_name(result)}")
         virtual.append(result)
-    runs: dict[tuple[str, str], list[ReplayResult]] = {}
-    live_wall_s: dict[str, float] = {}
-    if args.dry_run or args.virtual_only:
-        if args.serve:
-            for policy in policies:
-                command, serve_args = serve_command(args, policy, sizing.num_blocks)
-                port = "PORT" if args.port is None else str(args.port)
-                print(shlex.join([*_taskset(args.server_cpus, command), "--host", "127.0.0.1",
-                                  "--port", port, *serve_args]))
-    elif args.live_from:
-        runs = load_live_runs(args, name, policies)
-    else:
-        runs, live_wall_s = live_runs(args, trace, name, policies, sizing.num_blocks, raw_dir)
-    steps: dict[str, Any] = {}
+    runs, live_wall_s = live_side(args, trace, name, policies, sizing.num_blocks, raw_dir)
+    steps: dict[str, StepModelCheck | None] = {}
+    rows: list[ComparisonRow] = []
     if runs:
-        table, rows = comparison(runs, virtual)
-        table += "\n" + ranking(rows)
-        if args.step_log or args.live_from:
-            steps = {p: step_model_check(step_log_path(args, p), profile) for p in policies}
-            table += "\n" + step_table(steps) + "\n" + step_shapes(
-                [step_log_path(args, p) for p in policies], profile
-            )
-        if args.fit_live_steps:
-            from fairway.profiling.calibration import fit_step_log
-
-            logs = [step_log_path(args, p) for p in policies]
-            fitted = fit_step_log([p for p in logs if p.exists()],
-                                  args.max_num_batched_tokens, args.max_model_len)
-            if fitted is None:
-                table += "\nno step-time fit: the step logs are missing or too uniform\n"
-            else:
-                fitted_path = out_dir / "profile-fitted-to-live-steps.json"
-                fitted_path.write_text(json.dumps(fitted.to_json(), indent=1), encoding="utf-8")
-                refit = [
-                    replay_virtual(args, trace, name, policy, sizing.num_blocks, fitted)
-                    for policy in policies
-                ]
-                for result in refit:
-                    stem = f"virtual-fitted--{results_io.file_name(result)}"
-                    results_io.save(result, raw_dir / stem)
-                refit_table, refit_rows = comparison(runs, refit)
-                rows += [{**r, "virtual_model": "fitted to live steps"} for r in refit_rows]
-                table += ("\nVirtual side priced by the step-time model fitted to the live step "
-                          f"logs ({fitted.step_time}):\n\n" + refit_table + "\n"
-                          + ranking(refit_rows) + "\n" + agreement(rows, refit_rows))
+        table, rows, steps = live_report(args, trace, name, policies, sizing.num_blocks, profile,
+                                         runs, virtual, out_dir)
     else:
         table = report.to_markdown(report.summarize(virtual))
-        rows = []
     env = environment_info()
     header = (
         f"_fidelity: {env['date']}, {env['cpu_count']}-core {env['machine']} CPU "
