@@ -528,8 +528,8 @@ def fit_quadratic(points: Sequence[tuple[int, float]]) -> QuadraticFit:
     scale = lengths.max()  # columns of similar size: a well-conditioned solve
     x = lengths / scale
     design = np.stack([x**k for k in range(degree + 1)], axis=1) / seconds[:, None]
-    coef, *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
-    coef = [float(c) / scale**k for k, c in enumerate(coef)] + [0.0] * (2 - degree)
+    solved, *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
+    coef = [float(c) / scale**k for k, c in enumerate(solved)] + [0.0] * (2 - degree)
     return QuadraticFit(coef[0], coef[1], coef[2])
 
 

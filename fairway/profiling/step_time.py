@@ -333,7 +333,7 @@ def fit_from_spec(spec: Mapping[str, Any]) -> QuadraticFit | CalibratedFit | Non
             f"step_time {kind!r} needs exactly the fields {', '.join(names)}; got "
             f"{', '.join(sorted(given)) or 'none'}"
         )
-    _nonnegative(kind, **given)
+    _nonnegative(cls.KIND, **given)
     return cls(**{k: float(given[k]) for k in names})
 
 
