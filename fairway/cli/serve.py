@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fairway.cli import HelpFormatter
-from fairway.cli.vllm_argv import (
+from fairway.errors import FairwayConfigError
+from fairway.vllm_argv import (
     bool_flag,
     check_vllm_cli,
     flag_value,
@@ -32,7 +33,6 @@ from fairway.cli.vllm_argv import (
     run_server,
     vllm_launcher,
 )
-from fairway.errors import FairwayConfigError
 
 SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayScheduler"
 ASYNC_SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayAsyncScheduler"
