@@ -19,17 +19,17 @@ import pytest
 
 from fairway import cli, vllm_argv
 from fairway.cli import serve
-from fairway.cli.serve import (
-    ASYNC_SCHEDULER_CLS,
-    MULTIPROC_ENV,
-    SCHEDULER_CLS,
-    format_command,
-    options_from_vllm_argv,
-    plan_serve,
-)
+from fairway.cli.serve import MULTIPROC_ENV, format_command, plan_serve
 from fairway.errors import FairwayConfigError
 from fairway.options import parse_key_value
-from fairway.vllm_argv import bool_flag, flag_value, vllm_launcher
+from fairway.vllm_argv import (
+    ASYNC_SCHEDULER_CLS,
+    SCHEDULER_CLS,
+    bool_flag,
+    flag_value,
+    options_from_vllm_argv,
+    vllm_launcher,
+)
 
 LAUNCHER = ["VLLM"]
 PROFILE = "a6000-llama3.1-8b-estimate"
