@@ -15,9 +15,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fairway.errors import FairwayConfigError
+
+if TYPE_CHECKING:  # imported where used: the plugin loads this module in every vLLM process
+    from fairway.options import FairwayOptions
 
 
 def _matches(arg: str, name: str) -> tuple[bool, str | None]:
@@ -81,7 +84,7 @@ FAIRWAY_SCHEDULER_CLASSES = {
 }
 
 
-def queue_flags(vllm_args: list[str], options: Any) -> list[str]:
+def queue_flags(vllm_args: list[str], options: FairwayOptions) -> list[str]:
     """--scheduling-policy fcfs and --enable-prefix-caching unless given (conflicts rejected)."""
     flags: list[str] = []
     queue_policy = flag_value(vllm_args, "scheduling-policy")
@@ -117,7 +120,9 @@ def user_additional_config(vllm_args: Sequence[str]) -> dict[str, Any]:
     return value
 
 
-def options_from_vllm_argv(argv: Sequence[str], environ: Mapping[str, str]) -> Any:
+def options_from_vllm_argv(
+    argv: Sequence[str], environ: Mapping[str, str]
+) -> FairwayOptions | None:
     """The options a `vllm serve` command line with Fairway's scheduler will resolve, or None.
 
     None when the command does not name Fairway's scheduler class, or when vLLM itself will

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fairway.cli import HelpFormatter
 from fairway.errors import FairwayConfigError
@@ -35,6 +35,9 @@ from fairway.vllm_argv import (
     user_additional_config,
     vllm_launcher,
 )
+
+if TYPE_CHECKING:  # imported where used: `fairway --help` stays quick
+    from fairway.options import FairwayOptions, Setting
 
 #: Environment variable that routes `fairway:` metrics to the API server's /metrics (see
 #: `fairway.vllm.metrics`); duplicated here so building the command imports no prometheus_client.
@@ -150,7 +153,7 @@ class ServePlan:
     env: dict[str, str]
     env_changes: dict[str, str]
     fairway_config: dict[str, Any]
-    options: Any
+    options: FairwayOptions
     warnings: list[str] = field(default_factory=list)
 
 
@@ -204,7 +207,7 @@ def plan_serve(
     return ServePlan(argv, env, changes, section, options, warnings)
 
 
-def _given_settings(args: argparse.Namespace, section: Any) -> list[Any]:
+def _given_settings(args: argparse.Namespace, section: Any) -> list[Setting]:
     """The user's JSON section, then the flags (flags win), as `Setting`s."""
     import fairway.policies as policies
     from fairway.options import (
@@ -251,7 +254,7 @@ def _profile_ref(value: str) -> str:
     return str(path.resolve()) if path.exists() else value
 
 
-def _profile_warning(options: Any) -> list[str]:
+def _profile_warning(options: FairwayOptions) -> list[str]:
     """The no-profile warning: without a table, every request gets the same patience."""
     import fairway.policies as policies
 
