@@ -28,8 +28,10 @@ e2e: setup
 compat: setup
 	$(PY) benchmarks/compat/run_compat.py $(COMPAT_ARGS)
 
+# ruff, then mypy on fairway/ (its settings, strict for the policies, are in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check fairway tests benchmarks
+	$(VENV)/bin/mypy
 
 # The default benchmark on the traces shipped in the package (no data directory needed);
 # BENCH_ARGS=--quick is the smoke run of CI (.ci/run).

@@ -12,7 +12,7 @@ to the 131,072-token context), replayed as long-context servers run, with 8,192-
 ragcache, preble, peek, hrrn, fairway-step (the seed's per-step rule, when registered) and
 fairway. Per scenario: the p99 TTFT over all requests of the best baseline whose starvation flag
 is off (worst TTFT <= 3 x its own p99), Fairway's p99 and starvation flag, the ratio Fairway /
-best, and the ratio Fairway / fairway-step (issue 10's goal: no scenario above 1.02). Writes
+best, and the ratio Fairway / fairway-step (the goal: no scenario above 1.02). Writes
 e2.md / e2.json / e2.png and one JSON per replay.
 """
 

@@ -69,7 +69,7 @@ class Point:
 
 
 def points(known: list[str] | None = None) -> list[Point]:
-    """The figure's orders; `fairway-step` only when registered (it comes with issue 10)."""
+    """The figure's orders; `fairway-step` only when the registry has it."""
     known = policies.names() if known is None else known
     out = [Point(f"fairway[fast_weight={w}]", "fairway", {"fast_weight": w}, FAIRWAY)
            for w in FAST_WEIGHTS]

@@ -13,7 +13,7 @@ is meant for, which one `fairway bench` run cannot give several traces (its flag
 * `mooncake-long`: the conversation trace with prompts up to the 131,072-token context, cache 0.3,
   8,192-token steps.
 
-Per preset the split for every phase and over all requests, then issue 22's goals on the
+Per preset the split for every phase and over all requests, then the goals on the
 long-context presets, per policy: hits' median <= 1.1 x LPM's and misses' p99 <= 1.1 x FCFS's,
 over every request but the warm-ups (which compute the hot contexts once, as misses under every
 order). Policies: fcfs, lpm, klpm-4, hrrn, fairway-step, fairway (as the FAIRWAY.md
@@ -60,7 +60,7 @@ class Split:
     preset: str
     cache_fraction: float
     max_num_batched_tokens: int
-    #: Checked against issue 22's goals (the long-context presets).
+    #: Checked against the goals (the long-context presets).
     long_context: bool
 
     def replay_options(self) -> dict[str, Any]:

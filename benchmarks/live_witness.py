@@ -16,7 +16,7 @@ settings, priced by a table it measures first on the same server up to the trace
 prompt (`--reprofile`). The table: per policy and phase, live
 median / p90 / p99 with their spread over the runs beside the virtual prediction.
 
-Goals (issue 22): `fairway`'s hits' p90 <= half of FCFS's and LPM's, its misses within 10% of
+Goals: `fairway`'s hits' p90 <= half of FCFS's and LPM's, its misses within 10% of
 FCFS's, and the virtual replay within 15% of live.
 """
 

@@ -7,7 +7,7 @@ The trace (built here, seeded): one shared 6,144-token document, computed by a w
 t = 0; from t = 1 s, hits (the document + 256 unique tokens) arrive as a Poisson stream at `--load`
 x the engine's capacity in uncached tokens (above 1: the queue of hits grows all along); at
 t = 10 s one miss of `--miss-tokens` unique tokens arrives. The KV cache holds all content (the
-document is never evicted). Goals (issue 22): the miss's TTFT <= 1.5 x its FCFS TTFT, the hits'
+document is never evicted). Goals: the miss's TTFT <= 1.5 x its FCFS TTFT, the hits'
 median <= FCFS's. LPM's lower hit median comes from serving the miss last.
 """
 

@@ -25,8 +25,8 @@ the rest:
 
   * "Fairway's own" = the step's time minus vLLM's part in the same step: everything Fairway
     runs (the `add_request` hook, the pre-pass, the token share, the after-step bookkeeping, the
-    queue metrics after `update_from_output`), and nothing else. This is the cost the goal of
-    issue 11 bounds (0 for vLLM's own arm, up to the counter's own cost);
+    queue metrics after `update_from_output`), and nothing else. This is the cost the goals
+    (`GOALS_MS`) bound (0 for vLLM's own arm, up to the counter's own cost);
   * "added" = the arm's median minus vLLM's median of the same kind and size. It also holds the
     difference in vLLM's own work: a policy that starts more requests per step (hits with short
     uncached suffixes) makes vLLM do more admissions per step, each with vLLM's own prefix lookup
@@ -36,7 +36,7 @@ the rest:
 "pre-pass" is Fairway's ordering and share as `fairway:prepass_seconds` observes it (wall time,
 median over the steps that ran it).
 "Machine speed" (`speed_scaled`): a shared VM's speed drifts, and every arm with it; vLLM's own
-admitting step at 1,000 waiting, which issue 11 measured at ~1.4 ms, is the yardstick, and
+admitting step at 1,000 waiting, ~1.4 ms on the machine the goals were set on, is the yardstick, and
 Fairway's own times at 1,000 waiting are also shown scaled to that speed. The goal column judges
 the raw times.
 The memory Fairway keeps per waiting request is measured with tracemalloc (allocations made from
@@ -452,7 +452,7 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
     return results
 
 
-#: Issue 11's bound on Fairway's own time per step (ms), by (waiting, step kind).
+#: The goals: bounds on Fairway's own time per step (ms), by (waiting, step kind).
 GOALS_MS = {
     **{(1_000, kind): 1.0 for kind in ("full", "admit", "busy")},
     **{(10_000, kind): 5.0 for kind in ("full", "admit", "busy")},
@@ -461,19 +461,20 @@ GOALS_MS = {
 
 
 #: vLLM's own step (schedule + update_from_output) on this workload at 1,000 waiting, admitting
-#: steps, as issue 11 measured it on the machine it was filed from (ms): the speed yardstick.
+#: steps, on the machine the goals were set on (ms): the speed yardstick.
 REFERENCE_VLLM_ADMIT_MS = 1.4
 
 
 def speed_scaled(results: list[ArmResult]) -> dict[str, Any] | None:
-    """This machine's speed against issue 11's, and Fairway's own times at 1,000 waiting scaled to
-    that speed; None without vLLM's admitting steps at 1,000 waiting in `results`.
+    """This machine's speed against the reference machine's (the one the goals were set on), and
+    Fairway's own times at 1,000 waiting scaled to that speed; None without vLLM's admitting
+    steps at 1,000 waiting in `results`.
 
     A shared VM's speed drifts (2x within an hour on the 2-core VM of FAIRWAY.md), and every arm
-    slows with it. vLLM's own admitting step on this workload is the yardstick: the issue measured
-    it at ~1.4 ms, so a run where it takes X ms ran X / 1.4 times slower, and Fairway's own time
-    x 1.4 / X is what the same run would have shown at the issue's speed. The goal is judged on the
-    raw times (`goal_met`); this is a second view, for runs in a slow phase.
+    slows with it. vLLM's own admitting step on this workload is the yardstick: it took ~1.4 ms on
+    the reference machine, so a run where it takes X ms ran X / 1.4 times slower, and Fairway's own
+    time x 1.4 / X is what the same run would have shown at the reference speed. The goal is
+    judged on the raw times (`goal_met`); this is a second view, for runs in a slow phase.
     """
     vllm = next(
         (r for r in results if r.arm == "vllm" and r.waiting == 1_000 and r.kind == "admit"), None
@@ -494,8 +495,8 @@ def speed_line(speed: dict[str, Any]) -> str:
     scaled = ", ".join(f"{key} {ms:.3f}" for key, ms in speed["own_1000_scaled_ms"].items())
     return (
         f"Machine speed: vLLM's own admitting step at 1,000 waiting took "
-        f"{speed['vllm_admit_1000_ms']:.3f} ms here ({REFERENCE_VLLM_ADMIT_MS} ms when issue 11 "
-        f"was measured); Fairway's own median ms at 1,000 waiting scaled to that speed "
+        f"{speed['vllm_admit_1000_ms']:.3f} ms here ({REFERENCE_VLLM_ADMIT_MS} ms on the "
+        f"reference machine); Fairway's own median ms at 1,000 waiting scaled to that speed "
         f"(x {speed['scale']:.2f}): {scaled}."
     )
 

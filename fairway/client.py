@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -150,7 +150,7 @@ async def is_healthy(session: aiohttp.ClientSession, url: str, timeout_s: float 
 
 async def stream_chunks(
     resp: aiohttp.ClientResponse, clock: Callable[[], float]
-) -> AsyncIterator[tuple[dict[str, Any], float]]:
+) -> AsyncGenerator[tuple[dict[str, Any], float], None]:
     """The JSON chunks of an SSE completion stream, each with `clock()` when its line arrived.
 
     Reads `data:` lines up to `data: [DONE]` (blank separators, comments and event:/id:/retry:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -231,7 +231,8 @@ def observe(
     last = first
     from tqdm import tqdm
 
-    with tqdm(total=round(window_s), disable=not progress, unit="s", desc="reading /metrics",
+    total_s = round(window_s)
+    with tqdm(total=total_s, disable=not progress, unit="s", desc="reading /metrics",
               bar_format="{desc}: {bar} {n:.0f}/{total:.0f} s") as bar:
         elapsed = 0.0
         while elapsed < window_s:
@@ -239,7 +240,7 @@ def observe(
             last = parse(fetch(target))
             elapsed = clock() - start
             polls.append(_poll(last, elapsed))
-            bar.n = min(round(elapsed), bar.total)
+            bar.n = min(round(elapsed), total_s)
             bar.refresh()
     # the time between the first and the last scrape (not the requested window: polls overrun)
     return Window(url=target, window_s=elapsed, first=first, last=last, polls=polls)
@@ -485,7 +486,7 @@ def inspect(url: str, window_s: float = 60.0, **kwargs: Any) -> dict[str, Any]:
     return summarize(observe(url, window_s, **kwargs))
 
 
-__all__: Iterable[str] = [
+__all__ = [
     "SERIES", "SPREAD_THRESHOLD", "InspectError", "fetch_metrics", "inspect", "metrics_url",
     "observe", "parse", "quantile", "render", "summarize",
 ]

@@ -527,7 +527,7 @@ def attribute_docs(cls: type) -> dict[str, str]:
                     and isinstance(after.value.value, str)):
                 doc = after.value.value
             else:
-                above = []
+                above: list[str] = []
                 row = item.lineno - 2
                 while row >= 0 and lines[row].strip().startswith("#:"):
                     above.insert(0, lines[row].strip()[2:].strip())

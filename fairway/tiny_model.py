@@ -110,7 +110,7 @@ def _write_weights(
         eos_token_id=EOS_ID,
         pad_token_id=None,
         tie_word_embeddings=False,
-        torch_dtype=dtype,
+        dtype=dtype,
     )
     # Seeded CPU initialisation is deterministic; the generator is restored afterwards so callers'
     # own random streams are not disturbed.

@@ -157,7 +157,7 @@ def _profile(args: argparse.Namespace) -> int:
                            "vllm_args": vllm_args,
                            # Other work on the machine slows a CPU server; say how much there was.
                            "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
-        from fairway.cli.vllm_argv import check_vllm_cli, vllm_launcher  # imports no vLLM
+        from fairway.vllm_argv import check_vllm_cli, vllm_launcher  # imports no vLLM
 
         check_vllm_cli()
 
@@ -230,7 +230,7 @@ def _vllm_args(args: argparse.Namespace) -> list[str]:
             f"arguments for vLLM ({shlex.join(rest)}) need --model: with --url the server "
             "is already running"
         )
-    from fairway.cli.vllm_argv import flag_value  # vLLM's flag spellings; imports no vLLM
+    from fairway.vllm_argv import flag_value  # vLLM's flag spellings; imports no vLLM
 
     for name in _OWN_FLAGS:
         if flag_value(rest, name) is not None:

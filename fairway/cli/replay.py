@@ -218,7 +218,7 @@ def _replay(args: argparse.Namespace) -> int:
         f"{results_io.safe_name(args.label)}.json", **kwargs,
     )
     outcome = write_bench_report([result], out_dir, None, result.wall_s)
-    vllm_path = _save_vllm_shape(result, trace, out_dir)  # issue 14: `vllm bench serve` shape
+    vllm_path = _save_vllm_shape(result, trace, out_dir)  # also as `vllm bench serve` writes it
     print(outcome.markdown)
     min_success = _default_min_success() if args.min_success is None else args.min_success
     found = verdict(result, min_success)

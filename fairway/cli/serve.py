@@ -5,10 +5,8 @@ A thin wrapper: it builds Fairway's options the way the server will (`fairway.op
 after model loading; then it runs `vllm serve` with the scheduler class, the FCFS queue, prefix
 caching and `--additional-config '{"fairway": {...}}'`. Every other argument goes to vLLM
 untouched. The command is built by a pure function (`plan_serve`) that the unit tests call
-without vLLM. Module level imports stay light: `fairway --help` must not load vLLM.
-
-`options_from_vllm_argv` is the same check for a plain `vllm serve` command line; the plugin runs it
-in vLLM's API-server process before the model loads.
+without vLLM. Module level imports stay light: `fairway --help` must not load vLLM. The checks of
+the engine flags live in `fairway.vllm_argv`, which runs them on a plain `vllm serve` line too.
 """
 
 from __future__ import annotations
@@ -21,29 +19,26 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fairway.cli import HelpFormatter
-from fairway.cli.vllm_argv import (
+from fairway.errors import FairwayConfigError
+from fairway.vllm_argv import (
+    FAIRWAY_SCHEDULER_CLASSES,
+    SCHEDULER_CLS,
     bool_flag,
     check_vllm_cli,
     flag_value,
+    queue_flags,
     remove_flag,
     run_server,
+    user_additional_config,
     vllm_launcher,
 )
-from fairway.errors import FairwayConfigError
 
-SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayScheduler"
-ASYNC_SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayAsyncScheduler"
-#: Values of `--scheduler-cls` a user may pass themselves: True for the async-only class, None for
-#: FairwayScheduler, which follows the engine's async-scheduling setting.
-_OUR_CLASSES = {
-    SCHEDULER_CLS: None,
-    ASYNC_SCHEDULER_CLS: True,
-    "fairway.vllm.FairwayScheduler": None,
-    "fairway.vllm.FairwayAsyncScheduler": True,
-}
+if TYPE_CHECKING:  # imported where used: `fairway --help` stays quick
+    from fairway.options import FairwayOptions, Setting
+
 #: Environment variable that routes `fairway:` metrics to the API server's /metrics (see
 #: `fairway.vllm.metrics`); duplicated here so building the command imports no prometheus_client.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -158,7 +153,7 @@ class ServePlan:
     env: dict[str, str]
     env_changes: dict[str, str]
     fairway_config: dict[str, Any]
-    options: Any
+    options: FairwayOptions
     warnings: list[str] = field(default_factory=list)
 
 
@@ -185,7 +180,7 @@ def plan_serve(
     environ = dict(os.environ if environ is None else environ)
     vllm_args = list(args.vllm_args)
     _reject_dotted_additional_config(vllm_args)
-    additional = _user_additional_config(vllm_args)
+    additional = user_additional_config(vllm_args)
     given = _given_settings(args, additional.get("fairway"))
     options = FairwayOptions.from_settings([*given, *env_settings(environ)])
     section = FairwayOptions.from_settings(given).to_json()
@@ -196,7 +191,7 @@ def plan_serve(
         for key in flagged
         if options.sources[key].startswith("FAIRWAY_")
     ]
-    engine_flags = [*_scheduler_flags(vllm_args), *_queue_flags(vllm_args, options)]
+    engine_flags = [*_scheduler_flags(vllm_args), *queue_flags(vllm_args, options)]
     additional = {**additional, "fairway": section}
     argv = [
         *(vllm_launcher() if launcher is None else launcher),
@@ -212,7 +207,7 @@ def plan_serve(
     return ServePlan(argv, env, changes, section, options, warnings)
 
 
-def _given_settings(args: argparse.Namespace, section: Any) -> list[Any]:
+def _given_settings(args: argparse.Namespace, section: Any) -> list[Setting]:
     """The user's JSON section, then the flags (flags win), as `Setting`s."""
     import fairway.policies as policies
     from fairway.options import (
@@ -259,7 +254,7 @@ def _profile_ref(value: str) -> str:
     return str(path.resolve()) if path.exists() else value
 
 
-def _profile_warning(options: Any) -> list[str]:
+def _profile_warning(options: FairwayOptions) -> list[str]:
     """The no-profile warning: without a table, every request gets the same patience."""
     import fairway.policies as policies
 
@@ -281,39 +276,17 @@ def _scheduler_flags(vllm_args: list[str]) -> list[str]:
     user_cls = flag_value(vllm_args, "scheduler-cls")
     if user_cls is None:
         return ["--scheduler-cls", SCHEDULER_CLS]
-    if user_cls not in _OUR_CLASSES:
+    if user_cls not in FAIRWAY_SCHEDULER_CLASSES:
         raise FairwayConfigError(
             f"--scheduler-cls {user_cls}: `fairway serve` runs Fairway's scheduler "
             f"({SCHEDULER_CLS}); use `vllm serve` for another class"
         )
-    if _OUR_CLASSES[user_cls] and not bool_flag(vllm_args, "async-scheduling"):
+    if FAIRWAY_SCHEDULER_CLASSES[user_cls] and not bool_flag(vllm_args, "async-scheduling"):
         raise FairwayConfigError(
             f"--scheduler-cls {user_cls} needs --async-scheduling: use {SCHEDULER_CLS} (it "
             "follows vLLM's async-scheduling setting), or leave --scheduler-cls out"
         )
     return []  # the user's flag stays in vllm_args
-
-
-def _queue_flags(vllm_args: list[str], options: Any) -> list[str]:
-    """--scheduling-policy fcfs and --enable-prefix-caching unless given (conflicts rejected)."""
-    flags: list[str] = []
-    queue_policy = flag_value(vllm_args, "scheduling-policy")
-    if queue_policy is None:
-        flags += ["--scheduling-policy", "fcfs"]
-    elif queue_policy != "fcfs":
-        raise FairwayConfigError(
-            f"--scheduling-policy {queue_policy}: Fairway re-orders vLLM's FCFS waiting queue; "
-            "drop the flag (fairway serve sets --scheduling-policy fcfs)"
-        )
-    caching = bool_flag(vllm_args, "enable-prefix-caching")
-    if caching is None:
-        flags.append("--enable-prefix-caching")
-    elif not caching and type(options.build_policy()).needs_cache_hits:
-        raise FairwayConfigError(
-            f"--no-enable-prefix-caching: policy {options.policy!r} orders by cached prefix "
-            "length and needs prefix caching (drop the flag, or choose a policy such as fcfs)"
-        )
-    return flags
 
 
 def _server_env(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -337,49 +310,6 @@ def _reject_dotted_additional_config(vllm_args: Sequence[str]) -> None:
                 f"{arg.split('=')[0]}: give --additional-config as one JSON object (fairway serve "
                 'merges its "fairway" section with Fairway\'s flags)'
             )
-
-
-def _user_additional_config(vllm_args: Sequence[str]) -> dict[str, Any]:
-    """The user's `--additional-config` JSON object ({} if absent)."""
-    raw = flag_value(vllm_args, "additional-config")
-    if raw is None:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise FairwayConfigError(f"--additional-config is not valid JSON ({exc}): {raw}") from None
-    if not isinstance(value, dict):
-        raise FairwayConfigError(f"--additional-config must be a JSON object, got {raw}")
-    return value
-
-
-# --- a plain `vllm serve` command line ------------------------------------------------------------
-
-
-def options_from_vllm_argv(argv: Sequence[str], environ: Mapping[str, str]) -> Any:
-    """The options a `vllm serve` command line with Fairway's scheduler will resolve, or None.
-
-    None when the command does not name Fairway's scheduler class, or when vLLM itself will
-    reject it (JSON that does not parse, dotted `--additional-config.x` forms, which vLLM
-    merges): this check only adds Fairway's own errors, earlier.
-
-    Raises:
-        FairwayConfigError: what the scheduler would refuse after the model loaded (options,
-            `FAIRWAY_*`, the queue policy, prefix caching for a cache-aware policy).
-    """
-    from fairway.options import FairwayOptions
-
-    if flag_value(argv, "scheduler-cls") not in _OUR_CLASSES:
-        return None
-    if any(a.startswith(("--additional-config.", "--additional_config.")) for a in argv):
-        return None
-    try:
-        additional = _user_additional_config(argv)
-    except FairwayConfigError:
-        return None
-    options = FairwayOptions.resolve(additional.get("fairway"), environ)
-    _queue_flags(list(argv), options)
-    return options
 
 
 # --- fairway serve: the handler -------------------------------------------------------------------

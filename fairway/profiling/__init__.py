@@ -2,6 +2,7 @@
 
 - `table`: the T(L) table file (load, validate, interpolate; shipped tables in `fairway/profiles/`).
 - `step_time`: the one step-time model interface and its implementations (table, fits).
+- `fits`: the fitted curves (quadratic, self-calibrated) and the table file's `step_time` entry.
 - `profiler`: measure T(L) on a live server over HTTP.
 - `calibration`: fit a step-time model to an engine's own step times (self-calibration).
 - the `fairway profile` verb lives in `fairway/cli/profile.py`.

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from fairway.errors import ProfileError
-from fairway.profiling.step_time import CalibratedFit
+from fairway.profiling.fits import CalibratedFit
 from fairway.profiling.table import PrefillProfile
 
 #: Feature scales: with tokens in thousands and pairs in millions the normal matrix stays

@@ -4,7 +4,7 @@ Talks HTTP only (must not import vllm): the server may be any vLLM-compatible en
 remote. One request at a time on an otherwise idle server, token-id prompts on `/v1/completions`
 with `max_tokens=1`, timed by the client from send to the first response token; the result is a
 `fairway.profiling.table.PrefillProfile` table plus a least-squares curve T(L) = a + b*L + c*L^2
-(`fairway.profiling.step_time.QuadraticFit`). HTTP goes through `fairway.client` (aiohttp).
+(`fairway.profiling.fits.QuadraticFit`). HTTP goes through `fairway.client` (aiohttp).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 from fairway import client
 from fairway.errors import FairwayError
-from fairway.profiling.step_time import QuadraticFit
+from fairway.profiling.fits import QuadraticFit
 from fairway.profiling.table import PrefillProfile
 
 if TYPE_CHECKING:
@@ -528,8 +528,8 @@ def fit_quadratic(points: Sequence[tuple[int, float]]) -> QuadraticFit:
     scale = lengths.max()  # columns of similar size: a well-conditioned solve
     x = lengths / scale
     design = np.stack([x**k for k in range(degree + 1)], axis=1) / seconds[:, None]
-    coef, *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
-    coef = [float(c) / scale**k for k, c in enumerate(coef)] + [0.0] * (2 - degree)
+    solved, *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
+    coef = [float(c) / scale**k for k, c in enumerate(solved)] + [0.0] * (2 - degree)
     return QuadraticFit(coef[0], coef[1], coef[2])
 
 

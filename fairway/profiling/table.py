@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from fairway.errors import ProfileError
+from fairway.profiling.fits import check_spec
 
 FORMAT_VERSION = 1
 #: The shipped default table (an analytic estimate, not a measurement).
@@ -64,9 +65,7 @@ class PrefillProfile:
         object.__setattr__(self, "points", points)
         _validate(points)
         if self.step_time is not None:
-            from fairway.profiling import step_time  # it types against this module
-
-            step_time.check_spec(self.step_time)
+            check_spec(self.step_time)
         object.__setattr__(self, "_lengths", [p[0] for p in points])
 
     def prefill_s(self, prompt_tokens: float) -> float:

@@ -217,7 +217,8 @@ class _Replay:
         answers = asyncio.gather(*pending)
         stop = asyncio.create_task(self._stop.wait())
         try:
-            await asyncio.wait({answers, stop}, return_when=asyncio.FIRST_COMPLETED)
+            racers: set[asyncio.Future[Any]] = {answers, stop}
+            await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
         if answers.done():

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from fairway.replay.results import HIT_DEFINITION, ReplayResult, RequestResult, 
 
 logger = logging.getLogger(__name__)
 
-PERCENTILE_METHOD = "linear"
+PERCENTILE_METHOD: Final = "linear"
 #: The pseudo-phase that holds every request of a trace.
 ALL = "all"
 #: Phases that carry targets, and the reference policy of each statistic.
@@ -457,7 +457,7 @@ def _phase_spans(
     if source is None:
         return spans
     for r in sorted(source.requests, key=lambda r: r.arrival_s):
-        if r.phase not in phases:
+        if r.phase is None or r.phase not in phases:
             continue
         if spans and spans[-1][0] == r.phase:
             spans[-1] = (r.phase, spans[-1][1], r.arrival_s)

@@ -375,6 +375,7 @@ def replay(
     """
     check_prompt_lengths(trace, trace_name)  # before vLLM's import, so a worker fails fast
     from fairway.vllm import offline, probe  # lazy: imports vLLM (~5-10 s)
+    from fairway.vllm.scheduler import FairwayScheduler
 
     started = time.perf_counter()
     table = resolve_profile(profile)
@@ -398,6 +399,7 @@ def replay(
         max_model_len=max_model_len,
         log_stats=False,  # no Prometheus series per replay; the totals are kept anyway
     )
+    assert isinstance(scheduler, FairwayScheduler)  # a policy is named: Fairway's class
     clock = VirtualClock()
     scheduler.set_fairway_clock(clock)
     if hooks is not None and hooks.on_start is not None:

@@ -165,7 +165,7 @@ def run_jobs(
     ray_address: str | None = None,
     fresh_processes: bool = False,
     progress: bool = True,
-    on_result: Callable[[ReplayResult], None] | None = None,
+    on_result: Callable[[ReplayResult], object] | None = None,
 ) -> list[ReplayResult]:
     """Run every job and return the results in job order.
 
@@ -203,7 +203,7 @@ def _bar(total: int, progress: bool) -> Any:
 
 
 def _run_here(jobs: Sequence[ReplayJob], progress: bool,
-              on_result: Callable[[ReplayResult], None] | None) -> list[ReplayResult]:
+              on_result: Callable[[ReplayResult], object] | None) -> list[ReplayResult]:
     results = []
     with _bar(len(jobs), progress) as bar:
         for job in jobs:
@@ -223,7 +223,7 @@ def _run_here(jobs: Sequence[ReplayJob], progress: bool,
 
 
 def _run_pool(jobs: Sequence[ReplayJob], workers: int, fresh: bool, progress: bool,
-              on_result: Callable[[ReplayResult], None] | None) -> list[ReplayResult]:
+              on_result: Callable[[ReplayResult], object] | None) -> list[ReplayResult]:
     context = multiprocessing.get_context("spawn")
     results: list[ReplayResult | None] = [None] * len(jobs)
     pool = cf.ProcessPoolExecutor(
@@ -267,7 +267,7 @@ def _import_ray() -> Any:
 
 
 def _run_ray(jobs: Sequence[ReplayJob], address: str, progress: bool,
-             on_result: Callable[[ReplayResult], None] | None) -> list[ReplayResult]:
+             on_result: Callable[[ReplayResult], object] | None) -> list[ReplayResult]:
     """One Ray task per job; each distinct trace is put in the object store once."""
     ray = _import_ray()
     started_here = not ray.is_initialized()
@@ -285,7 +285,10 @@ def _run_ray(jobs: Sequence[ReplayJob], address: str, progress: bool,
             key = id(job.trace)
             if key not in trace_refs:
                 trace_refs[key] = ray.put(job.trace)
-            refs.append(task.remote(replace(job, trace=None), trace_refs[key]))
+            # The job travels without its trace (None, for this hop only): the trace goes once
+            # through the object store, and `_ray_task` puts it back.
+            traceless = replace(job, trace=None)  # type: ignore[arg-type]
+            refs.append(task.remote(traceless, trace_refs[key]))
         index = {ref: i for i, ref in enumerate(refs)}
         results: list[ReplayResult | None] = [None] * len(jobs)
         pending = list(refs)

@@ -167,7 +167,7 @@ def get_family(name: str) -> Family:
         ) from None
 
 
-def _coerce(name: str, annotation: str, value: Any) -> Any:
+def _coerce(name: str, annotation: object, value: Any) -> Any:
     """`value` (a Python value, or a string from the CLI) as the field's declared type."""
     parts = [p.strip() for p in str(annotation).split("|")]
     optional = "None" in parts

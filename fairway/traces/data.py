@@ -189,7 +189,7 @@ def candidate_dirs() -> list[tuple[Path, str]]:
     env = os.environ.get(ENV_VAR)
     if env:
         return [(Path(env).expanduser(), f"${ENV_VAR}")]
-    out = []
+    out: list[tuple[Path, str]] = []
     for base, how in ((Path.cwd(), "current directory"), (_repo_root(), "repository")):
         candidate = (base.parent / "shared" / "data").resolve()
         if candidate.is_dir() and all(candidate != c for c, _ in out):

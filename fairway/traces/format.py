@@ -335,7 +335,7 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz:
             gz.write(data)
         data = buf.getvalue()
-    if path.parent and not path.parent.exists():
+    if not path.parent.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path

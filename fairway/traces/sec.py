@@ -416,7 +416,7 @@ def build_sec(
         if reqs:
             work = float(np.mean(request_work(reqs, params.work_basis)))
     reqs = assemble(work)
-    by_source = defaultdict(int)
+    by_source: defaultdict[str, int] = defaultdict(int)
     for p in plan.plans:
         by_source[p.filing.source] += 1
     info = {

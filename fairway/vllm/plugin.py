@@ -61,7 +61,7 @@ def check_serve_command(argv: list[str], environ: Mapping[str, str]) -> None:
     A bug in the check itself is logged and ignored: the scheduler checks again at start-up.
     """
     try:
-        from fairway.cli.serve import options_from_vllm_argv
+        from fairway.vllm_argv import options_from_vllm_argv
 
         options_from_vllm_argv(argv, environ)
     except FairwayError as exc:

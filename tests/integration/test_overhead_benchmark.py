@@ -59,8 +59,8 @@ def test_the_goal_is_judged_on_fairways_own_median():
 
 def test_the_speed_view_scales_own_times_by_vllms_admitting_step():
     """A run where vLLM's own admitting step at 1,000 waiting took 2.8 ms ran 2x slower than the
-    issue's 1.4 ms: Fairway's own times at 1,000 waiting are halved in the second view; without
-    that vLLM row there is no view."""
+    reference machine's 1.4 ms: Fairway's own times at 1,000 waiting are halved in the second
+    view; without that vLLM row there is no view."""
     bench = _load()
     rows = [
         bench.ArmResult("vllm", "admit", 1_000, 2.8, 3.0),

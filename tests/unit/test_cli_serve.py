@@ -17,19 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from fairway import cli
-from fairway.cli import serve, vllm_argv
-from fairway.cli.serve import (
-    ASYNC_SCHEDULER_CLS,
-    MULTIPROC_ENV,
-    SCHEDULER_CLS,
-    format_command,
-    options_from_vllm_argv,
-    plan_serve,
-)
-from fairway.cli.vllm_argv import bool_flag, flag_value, vllm_launcher
+from fairway import cli, vllm_argv
+from fairway.cli import serve
+from fairway.cli.serve import MULTIPROC_ENV, format_command, plan_serve
 from fairway.errors import FairwayConfigError
 from fairway.options import parse_key_value
+from fairway.vllm_argv import (
+    ASYNC_SCHEDULER_CLS,
+    SCHEDULER_CLS,
+    bool_flag,
+    flag_value,
+    options_from_vllm_argv,
+    vllm_launcher,
+)
 
 LAUNCHER = ["VLLM"]
 PROFILE = "a6000-llama3.1-8b-estimate"
@@ -345,7 +345,7 @@ _CHILD = textwrap.dedent(
 _RUNNER = textwrap.dedent(
     """
     import os, sys
-    from fairway.cli.vllm_argv import run_server
+    from fairway.vllm_argv import run_server
     sys.exit(run_server([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], os.environ))
     """
 )

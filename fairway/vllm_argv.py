@@ -1,19 +1,26 @@
-"""vLLM's command line from the outside: flag lookup, the `vllm` program, and running a server.
+"""vLLM's command line from the outside: flag lookup, Fairway's scheduler on a `vllm serve`
+line, the `vllm` program, and running a server.
 
-Shared by `fairway serve`, `fairway profile` and the plugin's early option check; imports no vLLM.
-vLLM's parser takes `--a-b`, `--a_b` and `--a-b=v`, and the last occurrence wins: the lookups here
-follow the same rules.
+Shared by `fairway serve`, `fairway profile` and the plugin; imports no vLLM. vLLM's parser takes
+`--a-b`, `--a_b` and `--a-b=v`, and the last occurrence wins: the lookups here follow the same
+rules. `options_from_vllm_argv` is `fairway serve`'s option check for a plain `vllm serve` command
+line; the plugin runs it in vLLM's API-server process before the model loads.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fairway.errors import FairwayConfigError
+
+if TYPE_CHECKING:  # imported where used: the plugin loads this module in every vLLM process
+    from fairway.options import FairwayOptions
 
 
 def _matches(arg: str, name: str) -> tuple[bool, str | None]:
@@ -61,6 +68,84 @@ def remove_flag(argv: Sequence[str], name: str) -> list[str]:
             continue
         out.append(arg)
     return out
+
+
+# --- Fairway's scheduler on a `vllm serve` command line ---------------------------------------
+
+SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayScheduler"
+ASYNC_SCHEDULER_CLS = "fairway.vllm.scheduler.FairwayAsyncScheduler"
+#: Values of `--scheduler-cls` that name Fairway's scheduler: True for the async-only class, None
+#: for FairwayScheduler, which follows the engine's async-scheduling setting.
+FAIRWAY_SCHEDULER_CLASSES = {
+    SCHEDULER_CLS: None,
+    ASYNC_SCHEDULER_CLS: True,
+    "fairway.vllm.FairwayScheduler": None,
+    "fairway.vllm.FairwayAsyncScheduler": True,
+}
+
+
+def queue_flags(vllm_args: list[str], options: FairwayOptions) -> list[str]:
+    """--scheduling-policy fcfs and --enable-prefix-caching unless given (conflicts rejected)."""
+    flags: list[str] = []
+    queue_policy = flag_value(vllm_args, "scheduling-policy")
+    if queue_policy is None:
+        flags += ["--scheduling-policy", "fcfs"]
+    elif queue_policy != "fcfs":
+        raise FairwayConfigError(
+            f"--scheduling-policy {queue_policy}: Fairway re-orders vLLM's FCFS waiting queue; "
+            "drop the flag (fairway serve sets --scheduling-policy fcfs)"
+        )
+    caching = bool_flag(vllm_args, "enable-prefix-caching")
+    if caching is None:
+        flags.append("--enable-prefix-caching")
+    elif not caching and type(options.build_policy()).needs_cache_hits:
+        raise FairwayConfigError(
+            f"--no-enable-prefix-caching: policy {options.policy!r} orders by cached prefix "
+            "length and needs prefix caching (drop the flag, or choose a policy such as fcfs)"
+        )
+    return flags
+
+
+def user_additional_config(vllm_args: Sequence[str]) -> dict[str, Any]:
+    """The user's `--additional-config` JSON object ({} if absent)."""
+    raw = flag_value(vllm_args, "additional-config")
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise FairwayConfigError(f"--additional-config is not valid JSON ({exc}): {raw}") from None
+    if not isinstance(value, dict):
+        raise FairwayConfigError(f"--additional-config must be a JSON object, got {raw}")
+    return value
+
+
+def options_from_vllm_argv(
+    argv: Sequence[str], environ: Mapping[str, str]
+) -> FairwayOptions | None:
+    """The options a `vllm serve` command line with Fairway's scheduler will resolve, or None.
+
+    None when the command does not name Fairway's scheduler class, or when vLLM itself will
+    reject it (JSON that does not parse, dotted `--additional-config.x` forms, which vLLM
+    merges): this check only adds Fairway's own errors, earlier.
+
+    Raises:
+        FairwayConfigError: what the scheduler would refuse after the model loaded (options,
+            `FAIRWAY_*`, the queue policy, prefix caching for a cache-aware policy).
+    """
+    from fairway.options import FairwayOptions
+
+    if flag_value(argv, "scheduler-cls") not in FAIRWAY_SCHEDULER_CLASSES:
+        return None
+    if any(a.startswith(("--additional-config.", "--additional_config.")) for a in argv):
+        return None
+    try:
+        additional = user_additional_config(argv)
+    except FairwayConfigError:
+        return None
+    options = FairwayOptions.resolve(additional.get("fairway"), environ)
+    queue_flags(list(argv), options)
+    return options
 
 
 # --- the `vllm` program ---------------------------------------------------------------------------
