@@ -132,6 +132,8 @@ class FairwaySchedulerMixin:
         #: exactly); tests set it False to compare with the full order.
         self._fairway_head_only = True
         self._fairway_step_plan: StepPlan | None = None
+        #: The plan of the last step the policy planned (None before, and after an idle step).
+        self.fairway_last_plan: StepPlan | None = None
         # hit/miss queue metrics and the decision trace; None (nil cost) when both off
         self._fairway_observer = observe.for_scheduler(self)
         _log_start(options, policy, self)
@@ -229,6 +231,7 @@ class FairwaySchedulerMixin:
                 if not contested:
                     if queue and self._fairway_plans:
                         self.fairway_policy.idle_step()
+                        self.fairway_last_plan = None
                     self._fairway_skip(queue)
                     return None
         except Exception as exc:  # noqa: BLE001
@@ -315,7 +318,7 @@ class FairwaySchedulerMixin:
         head = probe.scan_bound(self, free) if self._fairway_head_only else None
         budget = share.step_budget(self, decode_tokens, firsts, free)
         ordering = self.fairway_policy.ordering(waiting, Step(now, head, budget, prefilling))
-        self._fairway_step_plan = ordering.plan
+        self._fairway_step_plan = self.fairway_last_plan = ordering.plan
         return ordering
 
     def _fairway_plan_apply(self, placed: _Placed | None) -> share.ShareUndo | None:
