@@ -4,8 +4,8 @@
 
 For each size it builds a seeded random waiting queue (prompts of 1k-16k tokens, cache hits on a few
 shared prefixes), times `policy.order(queue, now)` for every policy registered by importing
-`fairway.policies` (and `policy.order_columns(columns, now)`, the numpy path the scheduler uses,
-for the policies that have one: rows "(columns)"), and prints a Markdown table of medians beside
+`fairway.policies` (the plain-Python rule; and `policy.ordering(columns, Step(now))`, the engine
+path the scheduler calls, for the policies that have their own: rows "(columns)"), and prints a Markdown table of medians beside
 `sorted(range(n), key=arrival)` measured in the same run, with the ratio to it. Each policy gets
 one untimed warm-up call first, so stateful policies are timed in their steady state (ids already
 seen), as at every step but the first.
@@ -28,8 +28,14 @@ import numpy as np
 # Runnable as a plain script from a checkout: put the repository root on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairway.policies.base import QueuedRequest, get, names  # noqa: E402
-from fairway.policies.columns import QueueColumns  # noqa: E402
+from fairway.policies import (  # noqa: E402
+    Policy,
+    QueueColumns,
+    QueuedRequest,
+    Step,
+    get,
+    names,
+)
 
 #: Modules whose import registers policies. `fairway.policies` imports every one of them once its
 #: `__init__` exists; the baseline modules are also imported one by one so that a checkout without
@@ -118,7 +124,7 @@ def run(sizes: Sequence[int], repeats: int, seed: int = 0) -> dict[str, Any]:
             except Exception as exc:  # report, keep measuring the others
                 row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
-            if "error" not in row and hasattr(policy, "order_columns"):
+            if "error" not in row and type(policy).ordering is not Policy.ordering:
                 rows.append(_columns_row(name, queue, now, base, repeats))
     return {
         "sizes": list(sizes),
@@ -135,12 +141,12 @@ def run(sizes: Sequence[int], repeats: int, seed: int = 0) -> dict[str, Any]:
 def _columns_row(
     name: str, queue: list[QueuedRequest], now: float, base: float, repeats: int
 ) -> dict[str, Any]:
-    """The policy's numpy path (`order_columns`, what the scheduler calls), same queue."""
+    """The policy's own engine path (`ordering` over columns, what the scheduler calls)."""
     policy = get(name)
     cols = QueueColumns.of(queue)
-    policy.order_columns(cols, now)  # warm-up, as for `order()`
+    policy.ordering(cols, Step(now))  # warm-up, as for `order()`
     cols.new[:] = False  # the steady state: every request seen before
-    median = median_s(lambda: policy.order_columns(cols, now), repeats)
+    median = median_s(lambda: policy.ordering(cols, Step(now)), repeats)
     return {
         "policy": f"{name} (columns)",
         "size": len(queue),

@@ -1,6 +1,7 @@
 """Engine-agnostic orderings of the waiting queue. Must not import vllm.
 
-Importing this package registers every policy; `get(name, **params)` builds one by name.
+Importing this package registers every policy; `get(name, **params)` builds one by name. The
+contract is `Policy` (`base`); the queue and ordering types are in `queue`.
 """
 
 from fairway.policies import (  # noqa: F401
@@ -15,10 +16,6 @@ from fairway.policies import (  # noqa: F401
 )
 from fairway.policies.base import (
     Policy,
-    PrefillingRequest,
-    QueuedRequest,
-    StepBudget,
-    StepShare,
     arrival_order,
     get,
     make_policy,
@@ -26,13 +23,27 @@ from fairway.policies.base import (
     param_names,
     register_policy,
 )
+from fairway.policies.queue import (
+    UNPLACED_LANE,
+    Ordering,
+    PrefillingRequest,
+    QueueColumns,
+    QueuedRequest,
+    Step,
+    StepBudget,
+    StepPlan,
+)
 
 __all__ = [
+    "UNPLACED_LANE",
+    "Ordering",
     "Policy",
     "PrefillingRequest",
+    "QueueColumns",
     "QueuedRequest",
+    "Step",
     "StepBudget",
-    "StepShare",
+    "StepPlan",
     "arrival_order",
     "get",
     "make_policy",

@@ -3,29 +3,41 @@ long Fair front.
 
 Must not import vllm. Registered as `fairway`. The seed's per-step rule, ledgers reset every
 step and running prefills left to vLLM, is `fairway-step` (`fairway.policies.fairway_step`); both
-use the same Fast-lane score (`FastScore`) and the same merge.
+use the same Fast-lane score and the same merge (`fairway.policies.lanes`).
+
+Read `FairwayPolicy.plan` first: the step's rule in plain Python over the whole lanes (its
+`order` is the seed's, `fairway-step`'s). `ordering` below it is what the engine runs: the same
+plan from the first entries of each lane only, found by partial selections over the queue's
+numpy columns; tests/unit/test_columns.py (hypothesis) keeps the two equal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
-from fairway.policies.base import (
-    UNPLACED_LANE,
-    PrefillingRequest,
-    QueuedRequest,
-    StepBudget,
-    StepShare,
-    register_policy,
+from fairway.policies.base import register_policy
+from fairway.policies.lanes import (
+    FAIR,
+    FAST,
+    FastLanePolicy,
+    fair_lane_head,
+    fast_lane_head,
+    merge,
 )
-from fairway.policies.columns import QueueColumns, head_order
-from fairway.policies.fairway_step import FastScore, _Columns, _lane_head, _top
-
-FAST, FAIR = "fast", "fair"
+from fairway.policies.queue import (
+    UNPLACED_LANE,
+    Ordering,
+    QueueColumns,
+    QueuedRequest,
+    Step,
+    StepPlan,
+    head_order,
+)
 
 
 @dataclass(slots=True)
@@ -70,82 +82,6 @@ class LaneLedgers:
         self.active = False
 
 
-def merge(
-    fast: Sequence[int],
-    fair: Sequence[int],
-    work: Mapping[int, int] | Sequence[float] | np.ndarray,
-    weight: float,
-    ledgers: tuple[float, float] | None,
-    slots: int | None = None,
-    step_tokens: int | None = None,
-) -> tuple[list[int], list[str], list[str]]:
-    """The seed's merge of two lanes over the same requests.
-
-    `fast` and `fair` list the same requests (keys; waiting rows >= 0, running prefills < 0) in
-    each lane's order; `ledgers` are the (fast, fair) ledgers to start from, or None for the
-    seed's start (w x the Fast front's work, the Fair front's work). The lane with the smaller
-    ledger places its first request not yet placed and adds its work (x weight for Fast); ties
-    go to Fast. Each lane is read only at its first entry not yet placed, so the merge of two
-    lane prefixes equals the whole lanes' until one prefix is used up, where it stops.
-
-    `slots`: the step can start at most this many waiting requests. Once they are placed, only
-    the running prefills are placed (a waiting request without a slot gets nothing, so it must
-    not move the ledgers ahead of them), then the other waiting requests as before.
-    Returns the placed keys, the lane that placed each, and the lane each is charged to: the
-    placing lane, except that a Fair front (`fair[0]`, the oldest request) of at least
-    w x `step_tokens` work, one the seed's per-step rule would starve, is charged to the Fair
-    lane whichever lane places it. That changes no placement of the merge itself (its ledgers are
-    the seed's), only what the step's tokens are booked as: without it the Fast lane would pay
-    w x a whole chunk of the long front whenever its score put the front next (a running
-    prefill's computed tokens raise its score), and the hits behind it would wait up to w steps
-    while the Fair lane caught up.
-    """
-    placed: set[int] = set()
-    keys: list[int] = []
-    lanes: list[str] = []
-    charged: list[str] = []
-    if not fast or not fair:
-        return keys, lanes, charged
-    if ledgers is None:
-        ledger = [weight * float(work[fast[0]]), float(work[fair[0]])]
-    else:
-        ledger = list(ledgers)
-    front = fair[0]
-    long_front = step_tokens is not None and float(work[front]) >= weight * step_tokens
-
-    def run(fast_keys: Sequence[int], fair_keys: Sequence[int], waiting_limit: int | None) -> None:
-        fast_pos = fair_pos = 0
-        waiting = sum(1 for k in keys if k >= 0)
-        while waiting_limit is None or waiting < waiting_limit:
-            while fast_pos < len(fast_keys) and fast_keys[fast_pos] in placed:
-                fast_pos += 1
-            while fair_pos < len(fair_keys) and fair_keys[fair_pos] in placed:
-                fair_pos += 1
-            if fast_pos == len(fast_keys) or fair_pos == len(fair_keys):
-                return
-            if ledger[0] <= ledger[1]:
-                key = fast_keys[fast_pos]
-                ledger[0] += weight * float(work[key])
-                lanes.append(FAST)
-                charged.append(FAIR if key == front and long_front else FAST)
-            else:
-                key = fair_keys[fair_pos]
-                ledger[1] += float(work[key])
-                lanes.append(FAIR)
-                charged.append(FAIR)
-            placed.add(key)
-            keys.append(key)
-            waiting += key >= 0
-
-    if slots is None:
-        run(fast, fair, None)
-    else:
-        run(fast, fair, max(0, slots))
-        run([k for k in fast if k < 0], [k for k in fair if k < 0], None)
-        run(fast, fair, None)
-    return keys, lanes, charged
-
-
 def grants(
     keys: Sequence[int], work: Mapping[int, int], tokens: int, slots: int
 ) -> list[int]:
@@ -167,13 +103,14 @@ def grants(
 
 @register_policy("fairway")
 @dataclass(eq=False)
-class FairwayPolicy(FastScore):
+class FairwayPolicy(FastLanePolicy):
     """The seed's two lanes and work charges over waiting and prefilling requests, carried
     across the steps a long Fair front needs.
 
     Lanes. Both lanes hold every request whose prefill is not finished: the waiting ones and the
-    running ones in chunked prefill. Fast: `FastScore`'s order (s = h / max(c, 1) + wait / SLO; a
-    running prefill's computed tokens play the cached part), running before waiting on a tie.
+    running ones in chunked prefill. Fast: `FastLanePolicy`'s order (s = h / max(c, 1) +
+    wait / SLO; a running prefill's computed tokens play the cached part), running before
+    waiting on a tie.
     Fair: arrival order, running before waiting on a tie. Each request is in both lanes and is
     served by whichever places it first.
 
@@ -195,8 +132,9 @@ class FairwayPolicy(FastScore):
     a front in the step (at most its work / w goes ahead of it), so carrying is needed only for
     a front that needs several steps, which the per-step rule starves from w x P tokens on.
 
-    Applying the step (`StepShare`, applied by the scheduler): the waiting queue in merge order;
-    the prefilling running requests in merge order; the step's tokens given out in merge order
+    Applying the step (`Ordering.plan`, a `StepPlan` the scheduler applies): the waiting
+    queue in merge order; the prefilling running requests in merge order; the step's tokens
+    given out in merge order
     (`grants`) decide the rest (vLLM serves running requests first, whatever the order): a
     running prefill that gets nothing is held back for the step, and the one the budget runs
     out on keeps its grant and no more (vLLM's per-request cap, `long_prefill_token_threshold`,
@@ -225,80 +163,114 @@ class FairwayPolicy(FastScore):
         * on the first contested step after an uncontested one, with no running prefill, the
           waiting order equals `fairway-step`'s (the worked example holds for both).
 
-    Caller's contract: call `step_share()` before every step (also when only prefills run) and
+    Caller's contract: call `ordering()` before every step (also when only prefills run) and
     `on_step_end(..., prefill_by_request=)` after it; `order()` alone gives the seed's order.
     """
 
     needs_cache_hits: ClassVar[bool] = True
     stateful: ClassVar[bool] = True
-    shares_steps: ClassVar[bool] = True
-    #: `step_share` also takes `QueueColumns` (the scheduler then skips building views).
-    step_share_columns: ClassVar[bool] = True
+    plans_steps: ClassVar[bool] = True
 
+    #: The lane ledgers, carried while steps stay contested.
     ledger: LaneLedgers = field(init=False, repr=False, default_factory=LaneLedgers)
-    last_lanes: list[str] = field(init=False, repr=False, default_factory=list)
-    #: The last step's decision (None before the first step).
-    last_share: StepShare | None = field(init=False, repr=False, default=None)
-    #: Lane of each request placed in a contested step, booked after the step.
+    #: Lane each request placed in a contested step is charged to, booked after the step.
     _pending: dict[str, str] | None = field(init=False, repr=False, default=None)
-    #: Patience (SLO) by prompt length for the running prefills' scores, and the profile it is
-    #: for: a running prefill's L does not change, so T(L) is interpolated once per length.
-    _units: dict[int, float] = field(init=False, repr=False, default_factory=dict)
-    _units_profile: object = field(init=False, repr=False, default=None)
+
+    # --- the rule ---------------------------------------------------------------------------------
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
-        return np.asarray(self.step_share(queue, (), None, now).waiting_order).tolist()
+        """The seed's order (`fairway-step`'s): what `plan` gives without a step budget."""
+        return [int(i) for i in np.asarray(self.plan(queue, Step(now)).order)]
 
-    def step_share(
-        self,
-        waiting: Sequence[QueuedRequest] | QueueColumns,
-        prefilling: Sequence[PrefillingRequest],
-        budget: StepBudget | None,
-        now: float,
-    ) -> StepShare:
-        """The step's order and split. `waiting` may be `QueueColumns` (the scheduler's path):
-        only the rows either lane can place this step are read in Python."""
-        queue = waiting if isinstance(waiting, QueueColumns) else QueueColumns.of(waiting)
-        n, m = len(queue), len(prefilling)
-        self._pending = None
+    def plan(self, waiting: Sequence[QueuedRequest], step: Step) -> Ordering:
+        """The step's order and plan, from the whole lanes sorted in plain Python.
+
+        Fast lane: score descending, then older, a running prefill before a waiting request on
+        a tie; Fair lane: arrival, running first on a tie. Running prefills have keys -(j + 1),
+        waiting requests their positions; each request is in both lanes."""
+        running = [p.view() for p in step.prefilling]
+        entries = [(r, i) for i, r in enumerate(waiting)] + [
+            (r, -(j + 1)) for j, r in enumerate(running)
+        ]
+        score = {key: self.fast_score(r, step.now) for r, key in entries}
+
+        def tie(key: int) -> tuple[int, int]:  # running first, then by position
+            return (0, -key - 1) if key < 0 else (1, key)
+
+        fast = [k for _, k in sorted(entries, key=lambda e: (-score[e[1]], e[0].arrival,
+                                                              tie(e[1])))]
+        fair = [k for _, k in sorted(entries, key=lambda e: (e[0].arrival, tie(e[1])))]
+        work = {key: r.remaining for r, key in entries}
+        queue_work = float(sum(r.remaining for r in waiting))
+        return self._decide(
+            fast, fair, work, queue_work, len(waiting), step,
+            lambda rows: [waiting[i].request_id for i in rows],
+        )
+
+    # --- what the engine runs: the same plan from the first entries of each lane ------------------
+
+    def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
+        """`plan()` over the scheduler's columns: only the rows either lane can place this step
+        (the scan's head plus one per running prefill) are found and read in Python."""
+        n, m = len(queue), len(step.prefilling)
         if n + m == 0:
-            self.ledger.reset()
-            self.last_lanes = []
-            self.last_share = share = StepShare([])
-            return share
-        cols = _Columns.of_columns(queue)
-        scores = self._scores(cols, now) if n else np.zeros(0)
-        head = n if budget is None or budget.scan is None else min(n, budget.scan)
+            return self._decide([], [], {}, 0.0, 0, step, queue.ids_of)
+        running = [p.view() for p in step.prefilling]
+        scores = self.scores(queue, step.now) if n else np.zeros(0)
+        head = n if step.budget is None or step.head is None else min(n, step.head)
         reach = min(n, max(head, 1) + m)  # rows either lane may place in head + m placements
-        fast_rows = _lane_head(scores, cols.arrival, reach) if n else np.zeros(0, np.intp)
-        fair_rows = _oldest(cols.arrival, reach)
+        fast_rows = fast_lane_head(scores, queue.arrival, reach) if n else np.zeros(0, np.intp)
+        fair_rows = fair_lane_head(queue.arrival, reach)
         work: dict[int, int] = {}
         for row, amount in zip(
             fast_rows.tolist() + fair_rows.tolist(),
-            cols.work[fast_rows].tolist() + cols.work[fair_rows].tolist(),
+            queue.remaining[fast_rows].tolist() + queue.remaining[fair_rows].tolist(),
             strict=True,
         ):
             work[row] = int(amount)
-        for j, p in enumerate(prefilling):
-            work[-(j + 1)] = max(1, p.remaining)
+        for j, r in enumerate(running):
+            work[-(j + 1)] = r.remaining
+        run_scores = self.scores(QueueColumns.of(running), step.now).tolist() if m else []
         fast = _with_running(
             fast_rows.tolist(),
-            [(-s, p.arrival) for s, p in zip(self._prefill_scores(prefilling, now), prefilling,
-                                              strict=True)],
-            lambda row: (-scores.item(row), cols.arrival.item(row)),
+            [(-s, r.arrival) for s, r in zip(run_scores, running, strict=True)],
+            lambda row: (-scores.item(row), queue.arrival.item(row)),
         )
         fair = _with_running(
             fair_rows.tolist(),
-            [(p.arrival,) for p in prefilling],
-            lambda row: (cols.arrival.item(row),),
+            [(r.arrival,) for r in running],
+            lambda row: (queue.arrival.item(row),),
         )
+        queue_work = float(queue.remaining.sum())
+        return self._decide(fast, fair, work, queue_work, n, step, queue.ids_of)
+
+    # --- the step's decision, from the lanes ------------------------------------------------------
+
+    def _decide(
+        self,
+        fast: list[int],
+        fair: list[int],
+        work: dict[int, int],
+        queue_work: float,
+        n: int,
+        step: Step,
+        ids_of: Callable[[list[int]], list[str]],
+    ) -> Ordering:
+        """Contest, ledgers, merge and plan from the two lanes (known prefixes of them whose
+        merge places every running prefill and the scan's head)."""
+        self._pending = None
+        prefilling, budget = step.prefilling, step.budget
+        m = len(prefilling)
+        if n + m == 0:
+            self.ledger.reset()
+            return Ordering([], [], StepPlan())
         tokens = 0 if budget is None else max(0, budget.tokens - sum(budget.ahead))
         contested = (
             budget is not None
             and tokens > 0
             and n + m >= 2
             and fast[0] != fair[0]
-            and float(cols.work.sum()) + sum(p.remaining for p in prefilling) > tokens
+            and queue_work + sum(p.remaining for p in prefilling) > tokens
         )
         slots = None if budget is None else max(0, budget.free_slots - len(budget.ahead))
         if slots == 0 and m == 0:  # nothing can start or continue: the ledgers stay (idle_step)
@@ -311,58 +283,34 @@ class FairwayPolicy(FastScore):
             self.ledger.start(self.fast_weight * work[fast[0]], float(work[fair[0]]))
         start = (self.ledger.fast, self.ledger.fair) if contested else None
         # Placements until a lane's known prefix is used up: each is the whole queue's merge's;
-        # every running prefill and at least `head` waiting rows are placed.
+        # every running prefill and at least the scan's head of waiting rows are placed.
         keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots, tokens)
-        share = self._share(
-            queue, prefilling, slots, keys, lanes, charged, work, tokens, contested, fair
-        )
-        self.last_share = share
-        return share
-
-    def _share(
-        self,
-        queue: QueueColumns,
-        prefilling: Sequence[PrefillingRequest],
-        slots: int | None,
-        keys: list[int],
-        lanes: list[str],
-        charged: list[str],
-        work: dict[int, int],
-        tokens: int,
-        contested: bool,
-        fair: list[int],
-    ) -> StepShare:
-        """The `StepShare` of a merge: the waiting order, and for a contested step the running
-        order, the prefills held back, the cap and the lane each placed request is charged to
-        (`last_lanes` keeps the lane that placed each waiting row)."""
-        n = len(queue)
         rows = [k for k in keys if k >= 0]
         row_lanes = [lane for k, lane in zip(keys, lanes, strict=True) if k >= 0]
-        self.last_lanes = row_lanes + [UNPLACED_LANE] * (n - len(rows))
         order = head_order(rows, n) if len(rows) < n else np.asarray(rows, dtype=np.intp)
-        ids = dict(zip(rows, queue.ids_of(rows), strict=True))
+        lanes_out = row_lanes + [UNPLACED_LANE] * (n - len(rows))
+        ids = dict(zip(rows, ids_of(rows), strict=True))
         for j, p in enumerate(prefilling):
             ids[-(j + 1)] = p.request_id
-        front = fair[0] if fair else None
-        front_id = ids.get(front) if front is None or front in ids else queue.ids_of([front])[0]
+        front = fair[0]
+        front_id = ids[front] if front in ids else ids_of([front])[0]
         placed = {ids[k]: lane for k, lane in zip(keys, charged, strict=True)}
         if not contested or slots is None:
-            return StepShare(order, front_id, budget=tokens, lanes=placed)
+            return Ordering(order, lanes_out, StepPlan(front_id, budget=tokens, lanes=placed))
         given = grants(keys, work, tokens, slots)
         got = dict(zip(keys, given, strict=True))
         hold = {p.request_id for j, p in enumerate(prefilling) if got.get(-(j + 1), 0) == 0}
         cap = tokens
-        for i, (key, g) in enumerate(zip(keys, given, strict=True)):
-            if key < 0 and 0 < g < work[key]:  # the running prefill the budget runs out on
+        for i, (key, grant) in enumerate(zip(keys, given, strict=True)):
+            if key < 0 and 0 < grant < work[key]:  # the running prefill the budget runs out on
                 before = [work[k] for k, b in zip(keys[:i], given[:i], strict=True) if b > 0]
-                if all(amount <= g for amount in before):
-                    cap = g
+                if all(amount <= grant for amount in before):
+                    cap = grant
                 else:  # the cap would chunk a request placed before it: hold it instead
                     hold.add(ids[key])
                 break
         self._pending = placed
-        return StepShare(
-            order,
+        plan = StepPlan(
             front_id,
             cap=cap,
             running_order=tuple(ids[k] for k in keys if k < 0),
@@ -371,40 +319,12 @@ class FairwayPolicy(FastScore):
             contested=True,
             lanes=placed,
         )
-
-    def _prefill_scores(self, prefilling: Sequence[PrefillingRequest], now: float) -> list[float]:
-        """The running prefills' Fast scores, the tokens already computed playing the cached
-        part: `_scores` of their columns in scalar math (a handful of requests)."""
-        if not prefilling:
-            return []
-        if self.profile is None:
-            units = [self.patience_floor_s] * len(prefilling)
-        else:
-            units = self._units_of([p.prompt_tokens for p in prefilling])
-        scores = []
-        for p, unit in zip(prefilling, units, strict=True):
-            remaining, wait = max(p.remaining, 1), max(0.0, now - p.arrival)
-            scores.append((p.prompt_tokens - p.remaining) / remaining + wait / unit)
-        return scores
-
-    def _units_of(self, prompts: list[int]) -> list[float]:
-        """The patience of each prompt length, from the memo (`_units`); the lengths it lacks in
-        one call of `_patience` (elementwise, so a length gets the same float in any batch)."""
-        memo = self._units
-        if self._units_profile is not self.profile or len(memo) > _MAX_UNITS:
-            memo.clear()
-            self._units_profile = self.profile
-        missing = [length for length in prompts if length not in memo]
-        if missing:
-            units = self._patience(np.array(missing, np.float64)).tolist()
-            memo.update(zip(missing, units, strict=True))
-        return [memo[length] for length in prompts]
+        return Ordering(order, lanes_out, plan)
 
     def idle_step(self) -> None:
         """No prefill can run this step: nothing is scheduled, so nothing is booked; the ledgers
         stay (a step without prefill tokens neither ends nor moves a contest)."""
         self._pending = None
-        self.last_share = None
 
     def on_step_end(
         self,
@@ -425,18 +345,8 @@ class FairwayPolicy(FastScore):
                 fair += tokens
         self.ledger.charge(fast, fair, self.fast_weight)
 
-
-
-#: `FairwayPolicy._units` is cleared when it holds more prompt lengths than this.
-_MAX_UNITS = 4096
-
-
-def _oldest(arrival: np.ndarray, head: int) -> np.ndarray:
-    """The first `head` rows in arrival order (ties: row order), by a partial selection."""
-    if head <= 0:
-        return np.zeros(0, np.intp)
-    rows = _top(arrival, head)
-    return rows[np.argsort(arrival[rows], kind="stable")][:head]
+    def ledgers(self) -> dict[str, float]:
+        return dataclasses.asdict(self.ledger)
 
 
 def _with_running(

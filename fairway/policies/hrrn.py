@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -58,7 +58,12 @@ class HRRNPolicy(Policy):
             ),
         )
 
-    def on_step_end(self, admitted_ids: Sequence[str], prefill_tokens: int) -> None:
+    def on_step_end(
+        self,
+        admitted_ids: Sequence[str],
+        prefill_tokens: int,
+        prefill_by_request: Mapping[str, int] | None = None,
+    ) -> None:
         """Age every waiting request by the prefill tokens computed in this step."""
         if prefill_tokens < 0:
             raise ValueError(f"prefill_tokens must be >= 0, got {prefill_tokens}")

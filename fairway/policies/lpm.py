@@ -6,14 +6,14 @@ Both rank by `cached_tokens` (h, absolute tokens, not the cached fraction).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from fairway.policies.base import Policy, QueuedRequest, arrival_order, register_policy
-from fairway.policies.columns import KeyedState, QueueColumns
+from fairway.policies.queue import KeyedState, Ordering, QueueColumns, Step
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class LPMPolicy(Policy):
 
     Caller's contract: call `order()` once per step with the whole waiting queue and apply the
     returned order; the remembered order is forgotten for ids that leave the queue, so memory is
-    bounded by the queue length. `on_step_end` is not needed. `order_columns()` is the same rule
+    bounded by the queue length. `on_step_end` is not needed. `ordering()` is the same rule
     over numpy columns (what the scheduler calls): the remembered order lives in an array indexed
     by `QueueColumns.keys`, and `QueueColumns.new` marks the requests not seen at the previous
     call. One object serves one of the two paths.
@@ -93,8 +93,9 @@ class LPMPolicy(Policy):
         self._rank = {queue[i].request_id: pos for pos, i in enumerate(result)}
         return result
 
-    def order_columns(self, cols: QueueColumns, now: float) -> np.ndarray:
+    def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
         """`order()` over numpy columns: O(n log n) in numpy, no per-request Python."""
+        cols = queue
         n = len(cols)
         rank = self._key_rank.view(cols.keys)
         new = np.flatnonzero(cols.new)
@@ -110,7 +111,7 @@ class LPMPolicy(Policy):
             result = np.lexsort((rank, -cols.cached_tokens))
         self._key_rank.store(cols.keys[result], np.arange(n))
         self._num_known = n
-        return result
+        return Ordering(result)
 
 
 @register_policy("klpm-8", k=8)
@@ -186,6 +187,11 @@ class KLPMPolicy(Policy):
             j += 1
         return result
 
-    def on_step_end(self, admitted_ids: Sequence[str], prefill_tokens: int) -> None:
+    def on_step_end(
+        self,
+        admitted_ids: Sequence[str],
+        prefill_tokens: int,
+        prefill_by_request: Mapping[str, int] | None = None,
+    ) -> None:
         """Advance the admission counter by the number of requests started this step."""
         self.admitted += len(admitted_ids)

@@ -17,9 +17,9 @@ Record (one JSON object per line)::
 
 `ordered` is false on a step whose ordering failed (vLLM's order was kept; `head` is empty).
 `fixed` counts preempted requests vLLM keeps at the front, before `head`. `ledgers` (the policy's
-`ledger` dataclass or `ledgers` mapping, after this step was booked) and `share` (a cross-step
-policy's `last_share`: the Fair front, the step's per-request cap, held-back prefills, ...) are
-null for policies without them.
+`Policy.ledgers()`, after this step was booked) and `share` (a step-planning policy's
+`StepPlan`: the Fair front, the step's per-request cap, held-back prefills, ...) are null for
+policies without them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from fairway.policies.base import Policy, QueuedRequest
+from fairway.policies.base import Policy
+from fairway.policies.queue import QueuedRequest, StepPlan
 
 #: Old files kept next to the current one (PATH.1 ... PATH.<backups>).
 DEFAULT_BACKUPS = 2
@@ -108,6 +109,8 @@ class DecisionTrace:
         ordered: bool,
         views: Sequence[QueuedRequest],
         order: Sequence[int],
+        lanes: Sequence[str] | None,
+        plan: StepPlan | None,
         num_fixed: int,
         admitted: Sequence[str],
         scheduled: Mapping[str, int] | set[str],
@@ -116,9 +119,10 @@ class DecisionTrace:
 
         Args:
             now: the time the policy ordered with (clock of the requests' arrival).
-            policy: the policy object (for its name, `fast_score`, `last_lanes`, `ledgers`).
+            policy: the policy object (for its name, `fast_scores` and `ledgers`).
             ordered: False when the ordering failed this step and vLLM's order was kept.
             views / order: the policy's input and output of this step.
+            lanes / plan: the lane of each ordered position and the step's plan (`Ordering`).
             num_fixed: preempted requests kept ahead of the order.
             admitted: ids vLLM admitted from the waiting queue this step, in order.
             scheduled: ids scheduled this step (any request).
@@ -126,7 +130,10 @@ class DecisionTrace:
         self._steps += 1
         if (self._steps - 1) % self.settings.every:
             return False
-        head = _head(policy, views, order, now, self.settings.head, scheduled) if ordered else []
+        head = (
+            _head(policy, views, order, lanes, now, self.settings.head, scheduled)
+            if ordered else []
+        )
         self.writer.write(
             {
                 "step": self._steps,
@@ -137,7 +144,7 @@ class DecisionTrace:
                 "fixed": num_fixed,
                 "admitted": list(admitted),
                 "ledgers": _ledgers(policy),
-                "share": _share(policy) if ordered else None,
+                "share": _plan(plan) if ordered else None,
                 "head": head,
             }
         )
@@ -153,15 +160,15 @@ def _head(
     policy: Policy,
     views: Sequence[QueuedRequest],
     order: Sequence[int],
+    lanes: Sequence[str] | None,
     now: float,
     limit: int,
     scheduled: Mapping[str, int] | set[str],
 ) -> list[dict[str, Any]]:
-    lanes = getattr(policy, "last_lanes", None)
-    if not isinstance(lanes, list) or len(lanes) != len(order):
+    if lanes is not None and len(lanes) != len(order):
         lanes = None
     head = [views[i] for i in order[:limit]]
-    scores = _scores(policy, head, now)
+    scores = policy.fast_scores(head, now)
     rows = []
     for pos, view in enumerate(head):
         rows.append(
@@ -180,41 +187,21 @@ def _head(
     return rows
 
 
-def _scores(policy: Policy, head: list[QueuedRequest], now: float) -> Sequence[Any] | None:
-    """The policy's Fast-lane scores of `head`: `scores(queue, now)` in one call when the policy
-    has it, else `fast_score(request, now)` per request (~45 us each); None for other policies."""
-    batch = getattr(policy, "scores", None)
-    if callable(batch):
-        return list(batch(head, now))
-    one = getattr(policy, "fast_score", None)
-    return [one(view, now) for view in head] if callable(one) else None
-
-
 def _ledgers(policy: Policy) -> dict[str, float | int | None] | None:
-    """The policy's lane ledgers, if it has them: `ledger` (a dataclass, e.g. `fairway`'s
-    `ShareLedger`, read after this step was booked) or `ledgers` (a mapping or a method)."""
-    ledgers = getattr(policy, "ledgers", None)
-    if callable(ledgers):
-        ledgers = ledgers()
+    """The policy's lane ledgers after this step was booked, if it keeps them."""
+    ledgers = policy.ledgers()
     if ledgers is None:
-        ledger = getattr(policy, "ledger", None)
-        if dataclasses.is_dataclass(ledger) and not isinstance(ledger, type):
-            ledgers = {f.name: getattr(ledger, f.name) for f in dataclasses.fields(ledger)}
-    if not isinstance(ledgers, Mapping):
         return None
     return {str(k): _finite(v) for k, v in ledgers.items()}
 
 
-def _share(policy: Policy) -> dict[str, Any] | None:
-    """The step's share decision of a cross-step policy (`last_share`: front, cap, hold, ...)."""
-    share = getattr(policy, "last_share", None)
-    if not dataclasses.is_dataclass(share) or isinstance(share, type):
+def _plan(plan: StepPlan | None) -> dict[str, Any] | None:
+    """The step's plan of a step-planning policy (front, cap, hold, ...), JSON-ready."""
+    if plan is None:
         return None
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(share):
-        if f.name == "waiting_order":  # indices into the queue: `head` shows the order
-            continue
-        value = getattr(share, f.name)
+    for f in dataclasses.fields(plan):
+        value = getattr(plan, f.name)
         out[f.name] = sorted(value) if isinstance(value, set | frozenset) else (
             list(value) if isinstance(value, tuple) else value)
     return out

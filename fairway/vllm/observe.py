@@ -104,12 +104,15 @@ class StepObserver:
         if placed is None and not new and not len(sched.waiting):
             return  # nothing was waiting: no decision to record
         resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
+        ordering = sched.fairway_last_ordering
         self.trace.after_step(  # type: ignore[union-attr]
             now=now,
             policy=sched.fairway_policy,
             ordered=placed is not None,
             views=sched.fairway_last_views,
             order=sched.fairway_last_order,
+            lanes=ordering.lanes if ordering is not None else None,
+            plan=ordering.plan if ordering is not None else None,
             num_fixed=getattr(placed, "num_fixed", 0),
             admitted=[*new, *sorted(resumed)],
             scheduled=scheduled,

@@ -47,7 +47,7 @@ from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request, RequestStatus
 
-from fairway.policies.columns import HeadOrder, QueueColumns
+from fairway.policies.queue import HeadOrder, QueueColumns
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager

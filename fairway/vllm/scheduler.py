@@ -30,13 +30,15 @@ import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.options import FairwayOptions
-from fairway.policies.base import UNPLACED_LANE
-from fairway.policies.columns import (
+from fairway.policies.queue import (
+    UNPLACED_LANE,
     HeadOrder,
+    Ordering,
     QueueColumns,
+    Step,
+    StepPlan,
     check_head,
     check_order,
-    head_order_of,
 )
 from fairway.vllm import observe, plugin, probe, protect, share
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
@@ -62,6 +64,8 @@ class _LastOrder:
 
     columns: QueueColumns | None = None
     order: np.ndarray | HeadOrder | None = None
+    #: The policy's answer (lanes, plan) at that step.
+    ordering: Ordering | None = None
 
 
 class FairwaySchedulerMixin:
@@ -74,8 +78,8 @@ class FairwaySchedulerMixin:
         fairway_totals: `FairwayStats` accumulated since construction.
         fairway_last_views / fairway_last_order: the policy's input and output at the last
             ordered step (views of the orderable requests, built when read; indices into them).
-            The order is the one applied: for a policy with `orders_head`, exact in the positions
-            vLLM's scan can reach (`probe.scan_bound`), the rest in their queue order.
+            The order is the one applied: exact at least in the positions vLLM's scan can reach
+            (`probe.scan_bound`); a policy may leave the rest in their queue order.
         fairway_clock: `() -> seconds`, the `now` given to the policy; must be on the clock of
             `Request.arrival_time` (wall clock, `time.time`, in vLLM). Assign another callable
             to the attribute (or call `set_fairway_clock`) for a virtual clock.
@@ -123,12 +127,14 @@ class FairwaySchedulerMixin:
         self._fairway_calibration = (
             _make_calibration(self) if options.self_calibrate or options.step_log else None
         )
-        self._fairway_shares = _share_enabled(self, policy)
-        #: Order only the positions vLLM's scan can reach (policies with `orders_head`); tests
-        #: set it False to compare with the full order.
+        self._fairway_plans = _plan_enabled(self, policy)
+        #: Tell the policy how many positions vLLM's scan can reach (it may order only those
+        #: exactly); tests set it False to compare with the full order.
         self._fairway_head_only = True
-        self._fairway_share: policies.StepShare | None = None
-        # issue 14: hit/miss queue metrics and the decision trace; None (nil cost) when both off
+        self._fairway_step_plan: StepPlan | None = None
+        #: The plan of the last step the policy planned (None before, and after an idle step).
+        self.fairway_last_plan: StepPlan | None = None
+        # hit/miss queue metrics and the decision trace; None (nil cost) when both off
         self._fairway_observer = observe.for_scheduler(self)
         _log_start(options, policy, self)
 
@@ -143,9 +149,15 @@ class FairwaySchedulerMixin:
         return columns.views() if columns is not None else []
 
     @property
+    def fairway_last_ordering(self) -> Ordering | None:
+        """The policy's answer at the last ordered step: order, lanes and, for a policy with
+        `plans_steps`, the step's plan."""
+        return self._fairway_last.ordering
+
+    @property
     def fairway_last_order(self) -> list[int]:
-        """The order applied at the last ordered step (indices into `fairway_last_views`); for a
-        policy with `orders_head` only its head is the policy's (see `probe.scan_bound`)."""
+        """The order applied at the last ordered step (indices into `fairway_last_views`); a
+        policy may order only its head exactly (see `probe.scan_bound`)."""
         order = self._fairway_last.order
         return np.asarray(order).tolist() if order is not None else []
 
@@ -166,9 +178,9 @@ class FairwaySchedulerMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         """Order the waiting queue, then run vLLM's step unchanged (arguments pass through)."""
         start = time.perf_counter()
-        self._fairway_share = None
+        self._fairway_step_plan = None
         placed = self._fairway_reorder()
-        undo = self._fairway_share_apply(placed)
+        undo = self._fairway_plan_apply(placed)
         prepass_s = time.perf_counter() - start
         try:
             output = super().schedule(*args, **kwargs)  # type: ignore[misc]
@@ -176,7 +188,7 @@ class FairwaySchedulerMixin:
             if undo is not None:
                 undo.restore()
         self._fairway_after_step(output, placed, prepass_s)
-        if self._fairway_observer is not None:  # issue 14 hook (never raises)
+        if self._fairway_observer is not None:  # never raises
             self._fairway_observer.after_schedule(output, placed)
         if self._fairway_calibration is not None:
             self._fairway_calibrate("on_schedule", output)
@@ -189,7 +201,7 @@ class FairwaySchedulerMixin:
         if self._fairway_calibration is not None:
             self._fairway_calibrate("on_update", scheduler_output)
         result = super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
-        if self._fairway_observer is not None:  # issue 14 hook (never raises)
+        if self._fairway_observer is not None:  # never raises
             self._fairway_observer.after_update(result)
         return result
 
@@ -207,18 +219,19 @@ class FairwaySchedulerMixin:
 
         When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
         the queue keeps its last order and only the probe advances (new arrivals within its
-        budget, changed hits). For a policy that shares steps only when no running request is
-        in prefill either (its split also caps the running prefills): nothing is contested, and
+        budget, changed hits). For a policy that plans steps only when no running request is
+        in prefill either (its plan also caps the running prefills): nothing is contested, and
         the policy is told so (`idle_step`).
         """
         queue = probe.waiting_queue(self)
         self._fairway_prepass_ran = bool(queue)
         try:
             if not queue or not probe.can_admit(self):
-                contested = bool(queue) and self._fairway_shares and share.has_running_prefill(self)
+                contested = bool(queue) and self._fairway_plans and share.has_running_prefill(self)
                 if not contested:
-                    if queue and self._fairway_shares:
+                    if queue and self._fairway_plans:
                         self.fairway_policy.idle_step()
+                        self.fairway_last_plan = None
                     self._fairway_skip(queue)
                     return None
         except Exception as exc:  # noqa: BLE001
@@ -254,20 +267,13 @@ class FairwaySchedulerMixin:
         cols = snap.columns
         assert cols is not None
         n = len(cols)
-        if self._fairway_shares:
-            raw = self._fairway_step_share(cols, snap.fixed).waiting_order
-        elif n:
-            bound = probe.scan_bound(self) if self._fairway_head_only else None
-            head = n if bound is None else min(n, bound)
-            raw = head_order_of(self.fairway_policy, cols, self.fairway_clock(), head)
-        else:
-            raw = []
+        ordering = self._fairway_ordering(cols, snap.fixed)
         try:
-            if isinstance(raw, HeadOrder):  # checked and applied from its head
-                check_head(raw, n)
-                order: np.ndarray | HeadOrder = raw
+            if isinstance(ordering.order, HeadOrder):  # checked and applied from its head
+                check_head(ordering.order, n)
+                order: np.ndarray | HeadOrder = ordering.order
             else:
-                order, moved = check_order(raw, n)
+                order, moved = check_order(ordering.order, n)
         except ValueError as exc:
             raise PolicyOrderError(
                 f"policy {self.fairway_options.policy!r} did not return a permutation of "
@@ -280,10 +286,10 @@ class FairwaySchedulerMixin:
             queue = self.fairway_probe.arrange(snap, order, moved)
         for request in snap.oversized:
             self._fairway_reject(request)
-        lanes = getattr(self.fairway_policy, "last_lanes", None)
-        if not isinstance(lanes, list) or len(lanes) != n:
+        lanes = ordering.lanes
+        if lanes is not None and len(lanes) != n:
             lanes = None
-        self._fairway_last = _LastOrder(cols, order)
+        self._fairway_last = _LastOrder(cols, order, ordering)
         stats = self.fairway_stats
         stats.steps_ordered += 1
         if n:
@@ -292,50 +298,55 @@ class FairwaySchedulerMixin:
             stats.oldest_waiting_age_s = max(0.0, self.fairway_clock() - oldest)
         return _Placed(queue, snap.num_fixed, n, lanes)
 
-    # --- the cross-step share (policies with `shares_steps`) -----------------------------------
+    # --- the policy's one call, and the step plan (policies with `plans_steps`) ----------------
 
-    def _fairway_step_share(
-        self, waiting: QueueColumns | list[policies.QueuedRequest], ahead: list[Request]
-    ) -> policies.StepShare:
-        """Ask the policy for this step's order and split (raises like `order()` may)."""
+    def _fairway_ordering(self, waiting: QueueColumns, ahead: list[Request]) -> Ordering:
+        """Ask the policy for this step's order (and plan); raises like the policy may.
+
+        The one call of the policy: `Step` says how far vLLM's scan reaches and, for a policy
+        that plans steps, the step's budget and running prefills. A policy that does not plan
+        steps is not asked when nothing is orderable."""
+        now = self.fairway_clock()
+        if not self._fairway_plans:
+            if not len(waiting):
+                return Ordering([])
+            head = probe.scan_bound(self) if self._fairway_head_only else None
+            return self.fairway_policy.ordering(waiting, Step(now, head))
         prefilling, decode_tokens = share.running_prefills(self)
         firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
         free = probe.free_slots(self)
-        scan = probe.scan_bound(self, free) if self._fairway_head_only else None
-        budget = share.step_budget(self, decode_tokens, firsts, scan, free)
-        policy, now = self.fairway_policy, self.fairway_clock()
-        if not getattr(policy, "step_share_columns", False) and isinstance(waiting, QueueColumns):
-            waiting = waiting.views()  # a policy that takes views only
-        result = policy.step_share(waiting, prefilling, budget, now)
-        self._fairway_share = result
-        return result
+        head = probe.scan_bound(self, free) if self._fairway_head_only else None
+        budget = share.step_budget(self, decode_tokens, firsts, free)
+        ordering = self.fairway_policy.ordering(waiting, Step(now, head, budget, prefilling))
+        self._fairway_step_plan = self.fairway_last_plan = ordering.plan
+        return ordering
 
-    def _fairway_share_apply(self, placed: _Placed | None) -> share.ShareUndo | None:
-        """Apply the step's split to vLLM's knobs for this `schedule()` call. Never raises.
+    def _fairway_plan_apply(self, placed: _Placed | None) -> share.ShareUndo | None:
+        """Apply the step's plan to vLLM's knobs for this `schedule()` call. Never raises.
 
-        With an empty waiting queue the share is computed here (running prefills only).
+        With an empty waiting queue the plan is made here (running prefills only).
         """
-        if not self._fairway_shares:
+        if not self._fairway_plans:
             return None
         try:
             if placed is None and not probe.waiting_queue(self):
-                self._fairway_step_share([], [])
-            if self._fairway_share is None:
+                self._fairway_ordering(QueueColumns.of([]), [])
+            if self._fairway_step_plan is None:
                 return None
-            return share.apply(self, self._fairway_share)
+            return share.apply(self, self._fairway_step_plan)
         except Exception as exc:  # noqa: BLE001
-            self._fairway_share = None
+            self._fairway_step_plan = None
             self._fairway_fallback(exc, "applying the token share", "vLLM's split is kept")
             return None
 
-    def _fairway_share_feed(self, output: SchedulerOutput, admitted_ids: list[str]) -> None:
+    def _fairway_plan_feed(self, output: SchedulerOutput, admitted_ids: list[str]) -> None:
         """Give the policy the prefill tokens vLLM scheduled per request; count them by lane."""
-        step_share = self._fairway_share
-        assert step_share is not None
+        plan = self._fairway_step_plan
+        assert plan is not None
         by_request = share.prefill_by_request(self, output)
         total = sum(by_request.values())
         self.fairway_policy.on_step_end(admitted_ids, total, prefill_by_request=by_request)
-        lanes = step_share.lanes
+        lanes = plan.lanes
         fair = sum(n for rid, n in by_request.items() if lanes.get(rid) == "fair")
         lane_tokens = self.fairway_stats.lane_prefill_tokens
         lane_tokens["fair"] += fair
@@ -405,8 +416,8 @@ class FairwaySchedulerMixin:
             elif not self._fairway_prepass_ran:
                 stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
             admitted_ids = [r.request_id for r in admitted]  # vLLM internal: Request.request_id
-            if self._fairway_share is not None:
-                self._fairway_share_feed(output, admitted_ids)
+            if self._fairway_step_plan is not None:
+                self._fairway_plan_feed(output, admitted_ids)
             elif placed is not None:
                 self.fairway_policy.on_step_end(admitted_ids, probe.prefill_tokens(self, output))
             self._fairway_trim()
@@ -423,8 +434,8 @@ class FairwaySchedulerMixin:
 
         vLLM pops admitted requests from the head and puts skipped ones back at the head, so the
         admitted ones lie within the first (scheduled + skipped) positions of our order. One
-        admitted past an `order_head` head (vLLM skipped more than `probe.scan_bound` foresaw)
-        was placed by no lane and is not counted.
+        admitted past an exact head (vLLM skipped more than `probe.scan_bound` foresaw) was
+        placed by no lane and is not counted.
         """
         scheduled = probe.scheduled_tokens(output)
         if not scheduled:
@@ -441,7 +452,7 @@ class FairwaySchedulerMixin:
             if 0 <= ordered_pos < placed.num_ordered:  # not preempted-first, not oversized
                 lane = placed.lanes[ordered_pos] if placed.lanes is not None else "single"
                 admitted_lanes[request.request_id] = lane
-                if lane != UNPLACED_LANE:  # past an `order_head` head: no lane placed it
+                if lane != UNPLACED_LANE:  # past an exact head: no lane placed it
                     placed_counts[lane] = placed_counts.get(lane, 0) + 1
         return admitted
 
@@ -508,9 +519,9 @@ def _check_engine_config(vllm_config: Any, options: FairwayOptions, policy: Any)
         )
 
 
-def _share_enabled(scheduler: Any, policy: Any) -> bool:
-    """Whether the policy's cross-step share is applied; says why not at start-up."""
-    if not type(policy).shares_steps:
+def _plan_enabled(scheduler: Any, policy: policies.Policy) -> bool:
+    """Whether the policy's step plans are applied; says why not at start-up."""
+    if not type(policy).plans_steps:
         return False
     missing = share.check_internals(scheduler)
     if missing:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fairway.policies.base import PrefillingRequest, StepBudget, StepShare
+from fairway.policies.queue import PrefillingRequest, StepBudget, StepPlan
 from fairway.vllm import probe
 
 if TYPE_CHECKING:
@@ -107,19 +107,16 @@ def step_budget(
     scheduler: Scheduler,
     decode_tokens: int,
     ahead: list[tuple[str, int]],
-    scan: int | None = None,
     free: int | None = None,
 ) -> StepBudget:
-    """P (the token budget minus decode tokens), free request slots (`free`, if the caller has
-    `probe.free_slots`), requests served first, and `scan`, the positions of the waiting queue
-    vLLM's scan can reach (`probe.scan_bound`)."""
+    """The token budget minus decode tokens, free request slots (`free`, if the caller has
+    `probe.free_slots`) and the requests served first."""
     tokens = scheduler.max_num_scheduled_tokens - decode_tokens  # vLLM internal
     return StepBudget(
         tokens=max(0, tokens),
         free_slots=probe.free_slots(scheduler) if free is None else free,
         ahead=tuple([n for _, n in ahead]) if ahead else (),
         ahead_ids=tuple([i for i, _ in ahead]) if ahead else (),
-        scan=scan,
     )
 
 
@@ -156,7 +153,7 @@ class ShareUndo:
         now[:] = kept
 
 
-def apply(scheduler: Scheduler, share: StepShare) -> ShareUndo:
+def apply(scheduler: Scheduler, share: StepPlan) -> ShareUndo:
     """Set the step's cap, running order and hold-back; return how to undo it."""
     config = scheduler.scheduler_config  # vLLM internal: Scheduler.scheduler_config
     undo = ShareUndo(

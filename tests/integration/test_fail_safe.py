@@ -7,6 +7,8 @@ import logging
 
 import pytest
 
+from fairway.policies import Ordering
+
 pytestmark = pytest.mark.integration
 
 
@@ -40,9 +42,8 @@ def test_failures_fall_back_to_vllm_order(offline, helpers, caplog, inject):
     else:
         sched.fairway_policy.order = lambda queue, now: [float(i) for i in range(len(queue))]
     injected = vars(sched.fairway_policy).get("order")
-    if injected is not None:  # the scheduler calls fairway-step's columns and head paths
-        sched.fairway_policy.order_columns = injected
-        sched.fairway_policy.order_head = lambda cols, now, head: injected(cols, now)
+    if injected is not None:  # the scheduler calls fairway-step's engine path, `ordering`
+        sched.fairway_policy.ordering = lambda cols, step: Ordering(injected(cols, step.now))
     caplog.set_level(logging.WARNING, logger="fairway")
     vllm_order = helpers.queue_ids(sched)
     out1, _ = offline.step(sched)

@@ -1,4 +1,5 @@
-"""The head-only order (fairway-step's `order_head`) schedules exactly what the full order does.
+"""The head-only order (fairway-step's `ordering` with `Step.head`) schedules exactly what the
+full order does.
 
 Two real vLLM schedulers, one ordering only the positions vLLM's scan can reach (the default),
 one ordering the whole queue, get the same random multi-step workload; every step must schedule
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
+
+from fairway.policies import Step
 
 pytestmark = pytest.mark.integration
 
@@ -101,19 +105,19 @@ def test_each_steps_head_is_the_full_orders_head_with_tied_arrivals(offline, hel
     clock = [0.0]
     sched.fairway_clock = lambda: clock[0]
     policy_obj = sched.fairway_policy
-    order_head = policy_obj.order_head
+    ordering = policy_obj.ordering
     shorter = []
 
-    def check(cols, now, head):
-        full = policy_obj.order_columns(cols, now)
-        full_lanes = list(policy_obj.last_lanes)
-        got = order_head(cols, now, head)
-        assert got[:head].tolist() == full[:head]
-        assert policy_obj.last_lanes[:head] == full_lanes[:head]
+    def check(cols, step):
+        full = ordering(cols, Step(step.now))
+        got = ordering(cols, step)
+        head = step.head
+        assert np.asarray(got.order)[:head].tolist() == list(full.order)[:head]
+        assert got.lanes[:head] == full.lanes[:head]
         shorter.append(head < len(cols))
         return got
 
-    policy_obj.order_head = check
+    policy_obj.ordering = check
     _steps(offline, sched, workload, clock, 600)
     assert not sched.has_requests() and any(shorter)
     assert sched.fairway_totals.policy_fallbacks == 0
@@ -121,7 +125,7 @@ def test_each_steps_head_is_the_full_orders_head_with_tied_arrivals(offline, hel
 
 
 def test_unplaced_lane_is_the_metrics_no_lane() -> None:
-    from fairway.policies.base import UNPLACED_LANE
+    from fairway.policies import UNPLACED_LANE
     from fairway.vllm.metrics import LANES, NO_LANE
 
     assert UNPLACED_LANE == NO_LANE and UNPLACED_LANE not in LANES

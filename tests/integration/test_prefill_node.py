@@ -117,7 +117,7 @@ def test_worked_example_order_holds_under_the_connector(offline, helpers) -> Non
     assert out.num_scheduled_tokens == {
         "H1": 300, "H2": 300, "H3": 300, "H4": 300, "H5": 300, "M": 548,
     }  # fmt: skip
-    assert sched.fairway_policy.last_lanes == ["fast"] * 5 + ["fair"]
+    assert sched.fairway_last_ordering.lanes == ["fast"] * 5 + ["fair"]
     # Self-calibration reads the same step from vLLM's real SchedulerOutput: (tokens, context).
     from fairway.vllm.calibrate import step_chunks
 

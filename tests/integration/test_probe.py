@@ -354,7 +354,7 @@ def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(off
 @given(data=st.data(), n=st.integers(0, 60))
 def test_moving_a_head_to_the_front_equals_the_permutation(data, n):
     """`arrange`'s list-slice path builds the same queue as indexing by the whole order."""
-    from fairway.policies.columns import check_order
+    from fairway.policies.queue import check_order
     from fairway.vllm.probe import _move_to_front
 
     head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))

@@ -10,8 +10,8 @@ from collections import Counter, deque
 import pytest
 
 import fairway.policies as policies
-from fairway.policies.base import UNPLACED_LANE, arrival_order
-from fairway.policies.columns import HeadOrder
+from fairway.policies import UNPLACED_LANE, arrival_order
+from fairway.policies.queue import HeadOrder
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +52,11 @@ def _check_bound(sched) -> None:
     if len(views) < 2:
         return
     oldest = arrival_order(views)[0]
-    lanes = sched.fairway_policy.last_lanes  # of the same (last ordered) step
+    lanes = sched.fairway_last_ordering.lanes  # of the same (last ordered) step
     ahead = 0
     for position, i in enumerate(order):
         if i == oldest or lanes[position] == UNPLACED_LANE:
-            break  # past the head the queue keeps its order: no lane placed those (order_head)
+            break  # past the head the queue keeps its order: no lane placed those (an exact head)
         ahead += views[i].remaining
     weight = sched.fairway_policy.fast_weight
     overshoot = max(v.remaining for v in views)

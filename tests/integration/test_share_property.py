@@ -29,8 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from fairway.policies import get
-from fairway.policies.base import UNPLACED_LANE
+from fairway.policies import UNPLACED_LANE, get
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +51,12 @@ def _spy(base):
             policy = self.fairway_policy
             ledger = policy.ledger
             views = self.fairway_last_views
+            ordering = self.fairway_last_ordering
             record = {
-                "share": policy.last_share,
+                "share": self.fairway_last_plan,
                 "ledger": (ledger.fast, ledger.fair, ledger.steps, ledger.active, ledger.start_gap,
                            ledger.fast_tokens, ledger.fair_tokens),
-                "lanes": list(policy.last_lanes),
+                "lanes": list(ordering.lanes or []) if ordering is not None else [],
                 "views": views,
                 "order": self.fairway_last_order if views else [],
                 "now": self.fairway_clock(),
@@ -250,7 +250,7 @@ def test_long_miss_running_does_not_block_hits(offline, helpers):
     sched.add_request(offline.make_request("M", helpers.tokens(100_000, 32_000), 1.0))
     out, _ = offline.step(sched)
     assert dict(out.num_scheduled_tokens) == {"M": 2_048}  # alone: the whole step
-    assert not sched.fairway_policy.last_share.contested
+    assert not sched.fairway_last_plan.contested
     hit_tokens = miss_tokens = 0
     for step in range(12):  # 40 hits of 100 new tokens arrive every step: overload
         clock[0] = 1.1 + 0.1 * step
@@ -273,7 +273,7 @@ def test_long_miss_running_does_not_block_hits(offline, helpers):
     helpers.check_queues(sched)
 
 
-@pytest.mark.parametrize("inject", ["step_share_raises", "apply_raises", "schedule_raises"])
+@pytest.mark.parametrize("inject", ["ordering_raises", "apply_raises", "schedule_raises"])
 def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
     """A failing share never stops the engine: vLLM's own step (order, threshold, running list),
     counted as a fallback; an exception inside vLLM's schedule() still restores the settings."""
@@ -287,13 +287,13 @@ def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
         sched.add_request(offline.make_request(f"r{i}", prompt, 10.0 - i))
     sched.fairway_clock = lambda: 11.0
     vllm_order = helpers.queue_ids(sched)
-    if inject == "step_share_raises":
-        monkeypatch.setattr(sched.fairway_policy, "step_share", _boom)
+    if inject == "ordering_raises":
+        monkeypatch.setattr(sched.fairway_policy, "ordering", _boom)
     elif inject == "apply_raises":
         monkeypatch.setattr(share, "apply", _boom)
     else:
         out, _ = offline.step(sched)  # contested (r5 the oldest, r0 the best hit): applied
-        assert sched.fairway_policy.last_share.cap is not None
+        assert sched.fairway_last_plan.cap is not None
         base = type(sched).__mro__[2]  # vLLM's Scheduler under the mixin
         monkeypatch.setattr(base, "schedule", _boom)
         with pytest.raises(RuntimeError, match="injected"):
@@ -302,10 +302,10 @@ def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
         assert sched.max_num_active_reqs == 64
         return
     out, _ = offline.step(sched)
-    # step_share failed: vLLM's FCFS order; apply failed: Fairway's order with vLLM's own
+    # ordering failed: vLLM's FCFS order; apply failed: Fairway's order with vLLM's own
     # split (no cap: the second request takes the rest of the 64-token budget).
     assert vllm_order[:2] == ["r0", "r1"]  # the order they came in
-    second = "r1" if inject == "step_share_raises" else "r5"  # the seed's merge: r0, then r5
+    second = "r1" if inject == "ordering_raises" else "r5"  # the seed's merge: r0, then r5
     assert dict(out.num_scheduled_tokens) == {"r0": 16, second: 48}
     assert sched.fairway_totals.policy_fallbacks >= 1
     assert sched.scheduler_config.long_prefill_token_threshold == 0
@@ -337,8 +337,8 @@ def test_configured_and_adaptive_threshold_are_restored(offline, helpers):
         prompt = PREFIX + helpers.tokens(200_000 + 1_000 * i, 100)
         sched.add_request(offline.make_request(f"H{i}", prompt, 1.1))
     out, _ = offline.step(sched)
-    assert sched.fairway_policy.last_share.contested
-    assert sched.fairway_policy.last_share.cap is not None
+    assert sched.fairway_last_plan.contested
+    assert sched.fairway_last_plan.cap is not None
     assert sum(out.num_scheduled_tokens.values()) == 2_048  # the hits first, no 1,024 chunks
     assert sched.scheduler_config.long_prefill_token_threshold == 1_024
     assert sched.adaptive_long_prefill_threshold is True

@@ -190,13 +190,13 @@ def test_the_policy_sees_the_virtual_clock():
 
     def on_start(scheduler):
         policy = scheduler.fairway_policy
-        step_share = policy.step_share  # `fairway` is asked through step_share, not order
+        ordering = policy.ordering  # what the scheduler asks, not the reference `order`
 
-        def spy(queue, prefilling, budget, now):
-            seen.append(now)
-            return step_share(queue, prefilling, budget, now)
+        def spy(queue, step):
+            seen.append(step.now)
+            return ordering(queue, step)
 
-        policy.step_share = spy
+        policy.ordering = spy
 
     trace = random_trace(3, n=30)
     result = replay(

@@ -39,7 +39,7 @@ def test_fairway_step_schedules_hits_and_a_slice_of_the_miss(offline, helpers, a
     assert [sched.fairway_last_views[i].request_id for i in sched.fairway_last_order] == [
         "H1", "H2", "H3", "H4", "H5", "M",
     ]  # fmt: skip
-    assert sched.fairway_policy.last_lanes == ["fast"] * 5 + ["fair"]
+    assert sched.fairway_last_ordering.lanes == ["fast"] * 5 + ["fair"]
     placed = {k: v - before[k] for k, v in sched.fairway_totals.placed.items()}
     assert placed == {"fast": 5, "fair": 1, "single": 0}
     helpers.check_queues(sched)
@@ -77,9 +77,9 @@ def test_fairway_takes_the_seeds_first_step_then_carries_the_charges(
     assert out.num_scheduled_tokens == {
         "H1": 300, "H2": 300, "H3": 300, "H4": 300, "H5": 300, "M": 548,
     }  # fmt: skip
-    share = sched.fairway_policy.last_share
+    share = sched.fairway_last_plan
     assert (share.front_id, share.contested) == ("M", True)
-    assert sched.fairway_policy.last_lanes == ["fast"] * 5 + ["fair"]
+    assert sched.fairway_last_ordering.lanes == ["fast"] * 5 + ["fair"]
     ledger = sched.fairway_policy.ledger
     assert (ledger.fast, ledger.fair, ledger.fast_tokens, ledger.fair_tokens) == (
         7_200, 6_548, 1_500, 548
@@ -87,7 +87,7 @@ def test_fairway_takes_the_seeds_first_step_then_carries_the_charges(
     assert sched.scheduler_config.long_prefill_token_threshold == 0  # restored
     out, _ = offline.step(sched)
     assert dict(out.num_scheduled_tokens) == {"M": 2_048}
-    assert not sched.fairway_policy.last_share.contested
+    assert not sched.fairway_last_plan.contested
     offline.run_until_idle(sched)
     assert not sched.requests
     lanes = sched.fairway_totals.lane_prefill_tokens

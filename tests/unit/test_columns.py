@@ -10,16 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairway.policies import QueuedRequest, get, names
-from fairway.policies.columns import (
+from fairway.policies.queue import (
     MAX_HEAD_ORDER,
     HeadOrder,
     KeyedState,
     QueueColumns,
+    Step,
+    StepBudget,
     check_head,
     check_order,
     check_permutation,
     head_order,
-    order_of,
 )
 
 
@@ -82,7 +83,7 @@ def test_lpm_columns_equal_views_over_many_steps(seed: int, cap: int | None) -> 
         queue = _evolve(rng, queue, step)
         expected = [queue[i].request_id for i in by_views.order(queue, 0.0)]
         cols = keys.columns(queue)
-        got = check_permutation(by_columns.order_columns(cols, 0.0), len(queue))
+        got = check_permutation(by_columns.ordering(cols, Step(0.0)).order, len(queue))
         assert [queue[i].request_id for i in got] == expected
         queue = [queue[i] for i in got]  # the engine's queue now has this order
     assert by_columns.num_unsorted_steps == by_views.num_unsorted_steps
@@ -102,7 +103,8 @@ def _random_queue(rng: random.Random, n: int) -> list[QueuedRequest]:
 def test_every_policy_orders_columns_as_views_on_a_first_call(name: str) -> None:
     queue = _random_queue(random.Random(3), 40)
     expected = get(name).order(queue, 12.0)
-    got = check_permutation(order_of(get(name), QueueColumns.of(queue), 12.0), len(queue))
+    ordering = get(name).ordering(QueueColumns.of(queue), Step(12.0))
+    got = check_permutation(ordering.order, len(queue))
     assert got.tolist() == list(expected)
 
 
@@ -235,14 +237,15 @@ def test_keyed_state_grows_and_keeps_values() -> None:
     extra_scan=st.integers(0, 26),
     ties=st.booleans(),
 )
-def test_fairway_share_over_the_scanned_head_equals_the_whole_queue(
+def test_fairway_plan_over_the_scanned_head_equals_the_whole_queue_and_the_reference(
     seed: int, slots: int, tokens: int, num_running: int, extra_scan: int, ties: bool
 ) -> None:
-    """With `StepBudget.scan` (never below the free slots, as `probe.scan_bound`), `fairway`
-    merges only the lanes' known prefixes: the first `scan` positions of the order and their
-    lanes, the cap, the held prefills and the running order are the whole queue's, and the other
-    rows follow in row order; over a few steps, as the ledgers carry over."""
-    from fairway.policies.base import UNPLACED_LANE, PrefillingRequest, StepBudget
+    """With `Step.head` (never below the free slots, as `probe.scan_bound`), `fairway` merges
+    only the lanes' known prefixes: the first `head` positions of the order and their lanes, the
+    cap, the held prefills and the running order are the whole queue's, and the other rows follow
+    in row order; the whole queue's plan is the plain-Python reference's (`FairwayPolicy.plan`);
+    over a few steps, as the ledgers carry over."""
+    from fairway.policies import UNPLACED_LANE, PrefillingRequest
 
     rng = random.Random(seed)
     queue = []
@@ -256,28 +259,37 @@ def test_fairway_share_over_the_scanned_head_equals_the_whole_queue(
         for j in range(num_running)
     )
     scan = slots + extra_scan
-    whole, head = get("fairway"), get("fairway")
+    whole, head, reference = get("fairway"), get("fairway"), get("fairway")
+    cols = QueueColumns.of(queue)
+    budget = StepBudget(tokens, slots)
     for _ in range(3):  # a few steps: the ledgers carry over
-        full = whole.step_share(queue, running, StepBudget(tokens, slots), 10.0)
-        got = head.step_share(queue, running, StepBudget(tokens, slots, scan=scan), 10.0)
-        assert (got.cap, got.hold, got.running_order, got.front_id, got.contested) == (
-            full.cap, full.hold, full.running_order, full.front_id, full.contested
+        full = whole.ordering(cols, Step(10.0, None, budget, running))
+        got = head.ordering(cols, Step(10.0, scan, budget, running))
+        ref = reference.plan(queue, Step(10.0, None, budget, running))
+        assert ref.plan == full.plan and list(ref.order) == list(full.order)
+        assert ref.lanes == full.lanes
+        plan, full_plan = got.plan, full.plan
+        assert plan is not None and full_plan is not None
+        assert (plan.cap, plan.hold, plan.running_order, plan.front_id, plan.contested) == (
+            full_plan.cap, full_plan.hold, full_plan.running_order, full_plan.front_id,
+            full_plan.contested
         )  # fmt: skip
         n, k = len(queue), min(scan, len(queue))
-        order, full_order = list(got.waiting_order), list(full.waiting_order)
+        order, full_order = list(got.order), list(full.order)
         assert sorted(order) == list(range(n))
         assert order[:k] == full_order[:k]
-        assert head.last_lanes[:k] == whole.last_lanes[:k]
+        assert got.lanes is not None and full.lanes is not None
+        assert got.lanes[:k] == full.lanes[:k]
         if n > k and order != full_order:
-            unplaced = [i for i, lane in zip(order, head.last_lanes, strict=True)
+            unplaced = [i for i, lane in zip(order, got.lanes, strict=True)
                         if lane == UNPLACED_LANE]
             assert unplaced == sorted(unplaced)
         started = [queue[i] for i in order[: min(k, 2)]]  # within the scan's reach
         prefill = {r.request_id: min(r.remaining, 100) for r in started}
         prefill.update({p.request_id: 50 for p in running})
-        assert {p.request_id: got.lanes[p.request_id] for p in running} == {
-            p.request_id: full.lanes[p.request_id] for p in running
+        assert {p.request_id: plan.lanes[p.request_id] for p in running} == {
+            p.request_id: full_plan.lanes[p.request_id] for p in running
         }
-        whole.on_step_end([], sum(prefill.values()), prefill_by_request=prefill)
-        head.on_step_end([], sum(prefill.values()), prefill_by_request=prefill)
-        assert head.ledger == whole.ledger
+        for policy in (whole, head, reference):
+            policy.on_step_end([], sum(prefill.values()), prefill_by_request=prefill)
+        assert head.ledger == whole.ledger == reference.ledger

@@ -1,10 +1,10 @@
-"""The per-step shortcuts of `fairway`'s `step_share` against the numpy forms they replace.
+"""The fast paths of the Fairway lanes against the plain forms they must equal.
 
-`step_share` runs before every step over 1,000s of waiting requests, so its small parts avoid
-numpy calls on tiny arrays and n-sized temporaries: the running prefills' scores in scalar math
-and the lane's head by a partition of the scores themselves (not of their negation). Each must
-give exactly what the form it replaced gave (bit for bit: the merge compares these numbers).
-The replaced forms are kept here as the reference.
+The engine path runs before every step over 1,000s of waiting requests: scores as numpy columns
+(`FastLanePolicy.scores`) and the lane's head by a partition of the scores themselves (not of
+their negation). Each must give exactly what the plain form gives (bit for bit: the merge
+compares these numbers). The plain forms are the reference: `fast_score` in the policy, the
+negated selection here.
 """
 
 from __future__ import annotations
@@ -13,19 +13,9 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from fairway.policies import get
-from fairway.policies.base import PrefillingRequest
-from fairway.policies.fairway_step import _Columns, _lane_head, _top
+from fairway.policies import PrefillingRequest, QueueColumns, get
+from fairway.policies.lanes import fast_lane_head, smallest_rows
 from fairway.profiling.table import from_points
-
-
-def _ref_running_columns(prefilling: list[PrefillingRequest]) -> _Columns:
-    """The running prefills as score columns, as `step_share` built them before."""
-    k = len(prefilling)
-    arrival = np.fromiter((p.arrival for p in prefilling), np.float64, k)
-    prompt = np.fromiter((p.prompt_tokens for p in prefilling), np.float64, k)
-    remaining = np.fromiter((p.remaining for p in prefilling), np.float64, k)
-    return _Columns(arrival, prompt, prompt - remaining, np.maximum(remaining, 1.0))
 
 
 def _ref_top(key: np.ndarray, head: int) -> np.ndarray:
@@ -60,25 +50,6 @@ prefills = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(earlier=prefills, prefilling=prefills, now=st.floats(0, 120, allow_nan=False))
-def test_prefill_scores_from_remembered_patience_equal_the_column_scores(
-    earlier, prefilling, now
-) -> None:
-    """T(L) is interpolated once per prompt length and remembered (`_units`): scores after other
-    steps, and after the profile is replaced, are still the column scores bit for bit."""
-    profiles = [from_points([(1000, 0.2), (8000, 4 / 3), (32000, 9.0)]),
-                from_points([(500, 0.1), (40000, 20.0)])]
-    policy = get("fairway", profile=profiles[0])
-    for profile in profiles:
-        policy.profile = profile
-        for step in (earlier, prefilling, prefilling[::-1]):
-            got = policy._prefill_scores(step, now)
-            want = policy._scores(_ref_running_columns(step), now) if step else []
-            assert _bits(got) == _bits(want)
-        assert set(policy._units) <= {p.prompt_tokens for p in (*earlier, *prefilling)}
-
-
 @settings(max_examples=400, deadline=None)
 @given(
     prefilling=prefills,
@@ -87,13 +58,17 @@ def test_prefill_scores_from_remembered_patience_equal_the_column_scores(
     floor=st.sampled_from([0.25, 1.0, 3.0]),
 )
 @example(prefilling=[PrefillingRequest("p", 5.0, 1, 1)], now=5.0, profiled=False, floor=1.0)
-def test_prefill_scores_equal_the_column_scores(prefilling, now, profiled, floor) -> None:
-    """Scalar float64 math gives numpy's elementwise results; T(L) comes from the profile."""
+def test_column_scores_equal_the_scalar_rule(prefilling, now, profiled, floor) -> None:
+    """numpy's elementwise float64 results are the scalar rule's (`fast_score`), for running
+    prefills (computed tokens as the cached part) as for waiting requests; T(L) from the
+    profile."""
     profile = from_points([(1000, 0.2), (8000, 4 / 3), (32000, 9.0)]) if profiled else None
-    policy = get("fairway", profile=profile, patience_floor_s=floor)
-    got = policy._prefill_scores(prefilling, now)
-    want = policy._scores(_ref_running_columns(prefilling), now) if prefilling else []
-    assert _bits(got) == _bits(want)
+    for name in ("fairway", "fairway-step", "fairway-abswait"):
+        policy = get(name, profile=profile, patience_floor_s=floor)
+        views = [p.view() for p in prefilling]
+        got = policy.scores(QueueColumns.of(views), now) if views else []
+        want = [policy.fast_score(view, now) for view in views]
+        assert _bits(got) == _bits(want)
 
 
 keys = st.lists(st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.0 + 2**-52, 3.0, 7.25, 1e9]), max_size=60)
@@ -107,5 +82,5 @@ def test_lane_head_equals_the_negated_selection(scores, arrival_ties, head, data
     s = np.array(scores, dtype=np.float64)
     times = st.sampled_from([0.0, 1.0]) if arrival_ties else st.floats(0, 10, allow_nan=False)
     arrival = np.array(data.draw(st.lists(times, min_size=len(s), max_size=len(s))), np.float64)
-    assert _lane_head(s, arrival, head).tolist() == _ref_lane_head(s, arrival, head).tolist()
-    assert _top(s, head).tolist() == _ref_top(s, head).tolist()
+    assert fast_lane_head(s, arrival, head).tolist() == _ref_lane_head(s, arrival, head).tolist()
+    assert smallest_rows(s, head).tolist() == _ref_top(s, head).tolist()

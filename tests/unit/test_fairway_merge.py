@@ -6,9 +6,19 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairway.policies import QueuedRequest, get
-from fairway.policies.base import PrefillingRequest, StepBudget
-from fairway.policies.fairway import grants, merge
+from fairway.policies import (
+    Ordering,
+    Policy,
+    PrefillingRequest,
+    QueueColumns,
+    QueuedRequest,
+    Step,
+    StepBudget,
+    StepPlan,
+    get,
+)
+from fairway.policies.fairway import grants
+from fairway.policies.lanes import merge
 
 queues = st.lists(
     st.tuples(
@@ -19,6 +29,19 @@ queues = st.lists(
     min_size=1,
     max_size=40,
 )
+
+
+def _plan(
+    policy: Policy,
+    waiting: list[QueuedRequest],
+    running: tuple[PrefillingRequest, ...],
+    budget: StepBudget,
+    now: float,
+) -> tuple[Ordering, StepPlan]:
+    """The engine's call for one step: the ordering and its plan."""
+    ordering = policy.ordering(QueueColumns.of(waiting), Step(now, None, budget, running))
+    assert ordering.plan is not None
+    return ordering, ordering.plan
 
 
 def _queue(rows) -> list[QueuedRequest]:
@@ -33,7 +56,8 @@ def test_a_fresh_order_is_the_seeds(rows, weight) -> None:
     queue = _queue(rows)
     ours, seed = get("fairway", fast_weight=weight), get("fairway-step", fast_weight=weight)
     assert ours.order(queue, 5.0) == seed.order(queue, 5.0)
-    assert ours.last_lanes == seed.last_lanes
+    ordering = ours.ordering(QueueColumns.of(queue), Step(5.0))
+    assert list(ordering.lanes) == seed.order_with_lanes(queue, 5.0)[1]
 
 
 def test_the_worked_example_and_its_charges() -> None:
@@ -44,8 +68,8 @@ def test_the_worked_example_and_its_charges() -> None:
         QueuedRequest(f"H{i}", 1.0 + i, 6_300, 6_000) for i in range(1, 6)
     ]
     policy = get("fairway")
-    share = policy.step_share(queue, (), StepBudget(2_048, 16), 2.0)
-    assert list(share.waiting_order) == [1, 2, 3, 4, 5, 0]
+    ordering, share = _plan(policy, queue, (), StepBudget(2_048, 16), 2.0)
+    assert list(ordering.order) == [1, 2, 3, 4, 5, 0]
     assert share.contested and share.front_id == "M" and share.cap == 2_048
     assert share.lanes == {"H1": "fast", "H2": "fast", "H3": "fast", "H4": "fast",
                            "H5": "fast", "M": "fair"}
@@ -58,7 +82,7 @@ def test_the_worked_example_and_its_charges() -> None:
     # step (the new hits wait one step; the Fast ledger is then behind)
     running = (PrefillingRequest("M", 0.0, 5_452, 6_000),)
     hits = [QueuedRequest(f"G{i}", 2.0, 6_300, 6_000) for i in range(3)]
-    share = policy.step_share(hits, running, StepBudget(2_048, 16), 2.1)
+    _, share = _plan(policy, hits, running, StepBudget(2_048, 16), 2.1)
     assert next(iter(share.lanes.items())) == ("M", "fair")
     assert share.running_order == ("M",) and not share.hold and share.cap == 2_048
 
@@ -69,11 +93,11 @@ def test_a_running_prefill_keeps_its_grant_and_no_more() -> None:
     policy = get("fairway")
     running = (PrefillingRequest("M", 0.0, 30_000, 32_000),)
     hits = [QueuedRequest(f"H{i}", 1.0, 6_300, 6_000) for i in range(3)]
-    share = policy.step_share(hits, running, StepBudget(2_048, 16), 1.5)
+    _, share = _plan(policy, hits, running, StepBudget(2_048, 16), 1.5)
     assert list(share.lanes) == ["H0", "H1", "H2", "M"]  # the seed's start: M's work is Fair's
     assert share.cap == 2_048 - 900 and not share.hold
     many = [QueuedRequest(f"H{i}", 1.0, 6_300, 6_000) for i in range(10)]
-    share = get("fairway").step_share(many, running, StepBudget(2_048, 16), 1.5)
+    _, share = _plan(get("fairway"), many, running, StepBudget(2_048, 16), 1.5)
     assert share.hold == {"M"}  # 3,000 tokens of hits placed first: none left for M
 
 

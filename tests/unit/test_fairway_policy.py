@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairway.errors import FairwayConfigError
-from fairway.policies import get
-from fairway.policies.base import QueuedRequest
+from fairway.policies import QueuedRequest, get
 from fairway.policies.fairway_step import FairwayStepPolicy
 from fairway.profiling.table import from_points
 
@@ -42,9 +41,9 @@ def worked_example() -> list[QueuedRequest]:
 def test_worked_example_orders_hits_then_miss() -> None:
     queue = worked_example()
     policy = get("fairway-step")
-    order = policy.order(queue, now=0.01)
+    order, lanes = policy.order_with_lanes(queue, now=0.01)
     assert [queue[i].request_id for i in order] == ["H1", "H2", "H3", "H4", "H5", "M"]
-    assert policy.last_lanes == ["fast"] * 5 + ["fair"]
+    assert lanes == ["fast"] * 5 + ["fair"]
 
 
 def test_worked_example_work_ahead_of_miss_is_a_quarter_and_m_gets_548() -> None:
@@ -95,9 +94,9 @@ def test_absolute_wait_ablation_ignores_prompt_length() -> None:
 def test_nofair_ablation_is_the_fast_lane_alone() -> None:
     queue = [*worked_example(), *(QueuedRequest(f"X{k}", 0.01, 6300, 6000) for k in range(6))]
     policy = get("fairway-nofair")
-    order = policy.order(queue, now=0.02)
+    order, lanes = policy.order_with_lanes(queue, now=0.02)
     assert order[-1] == 0  # the miss waits behind every hit
-    assert set(policy.last_lanes) == {"fast"}
+    assert set(lanes) == {"fast"}
 
 
 def test_waiting_long_enough_lifts_a_miss_into_the_fast_lane() -> None:

@@ -1,8 +1,9 @@
-"""`order_head` of fairway-step: the first `head` positions equal the full order's exactly.
+"""fairway-step's engine path (`ordering`) equals its plain-Python rule (`order`).
 
-The scheduler orders only the positions vLLM's scan can reach; these tests prove that head equals
-`order()`'s (ties in scores and arrivals, unprobed h = 0, huge and tiny work), that the rest is
-the other rows in row order, and that the lane labels of the head are the full order's.
+The scheduler orders only the positions vLLM's scan can reach (`Step.head`); these tests prove
+that head equals `order()`'s (ties in scores and arrivals, unprobed h = 0, huge and tiny work),
+that the rest is the other rows in row order, and that the lane labels of the head are the full
+order's.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairway.policies import QueuedRequest, get
-from fairway.policies.base import UNPLACED_LANE
-from fairway.policies.columns import QueueColumns, head_order_of
+from fairway.policies import UNPLACED_LANE, QueueColumns, QueuedRequest, Step, get
 from fairway.profiling.table import from_points
 
 PROFILE = from_points([(512, 0.05), (4096, 0.4), (16384, 2.0)])
@@ -46,38 +45,40 @@ POLICIES = [
 
 @settings(max_examples=300, deadline=None)
 @given(queue=queues(), which=st.integers(0, len(POLICIES) - 1), now=st.sampled_from([3.0, 7.25]))
-def test_order_head_is_the_full_orders_head_then_row_order(
+def test_the_head_is_the_reference_orders_head_then_row_order(
     queue: list[QueuedRequest], which: int, now: float
 ) -> None:
     name, params = POLICIES[which]
     policy = get(name, **params)
-    full = policy.order(queue, now)
-    full_lanes = list(policy.last_lanes)
+    full, full_lanes = policy.order_with_lanes(queue, now)
     n = len(queue)
     for head in range(n + 2):
-        got = policy.order_head(QueueColumns.of(queue), now, head)
+        ordering = policy.ordering(QueueColumns.of(queue), Step(now, head))
+        got = np.asarray(ordering.order)
         k = min(head, n)
         assert sorted(got.tolist()) == list(range(n))  # a permutation
         assert got[:k].tolist() == full[:k]
         tail = got[k:].tolist()
         assert tail == sorted(tail)  # the other rows in row order
-        assert policy.last_lanes == full_lanes[:k] + [UNPLACED_LANE] * (n - k)
+        assert list(ordering.lanes) == full_lanes[:k] + [UNPLACED_LANE] * (n - k)
 
 
 @settings(max_examples=100, deadline=None)
 @given(queue=queues(), now=st.sampled_from([3.0, 7.25]))
 def test_columns_order_equals_views_order(queue: list[QueuedRequest], now: float) -> None:
     policy = get("fairway-step", profile=PROFILE)
-    assert policy.order_columns(QueueColumns.of(queue), now) == policy.order(queue, now)
+    ordering = policy.ordering(QueueColumns.of(queue), Step(now))
+    assert (list(ordering.order), ordering.lanes) == policy.order_with_lanes(queue, now)
 
 
 def test_all_tied_queue_keeps_queue_position() -> None:
     queue = [QueuedRequest(f"r{k}", 1.0, 100, 0) for k in range(10)]
     policy = get("fairway-step")
-    assert policy.order(queue, 2.0) == list(range(10))
-    lanes = policy.last_lanes
-    assert policy.order_head(QueueColumns.of(queue), 2.0, 3).tolist() == list(range(10))
-    assert policy.last_lanes == lanes[:3] + [UNPLACED_LANE] * 7
+    order, lanes = policy.order_with_lanes(queue, 2.0)
+    assert order == list(range(10))
+    ordering = policy.ordering(QueueColumns.of(queue), Step(2.0, 3))
+    assert np.asarray(ordering.order).tolist() == list(range(10))
+    assert ordering.lanes == lanes[:3] + [UNPLACED_LANE] * 7
 
 
 def test_worked_example_head_of_two() -> None:
@@ -85,17 +86,17 @@ def test_worked_example_head_of_two() -> None:
     hits = [QueuedRequest(f"H{k}", 0.001 * k, 6300, 6000) for k in range(1, 6)]
     queue = [*hits, miss]  # the miss last in the queue, first by arrival
     policy = get("fairway-step")
-    got = policy.order_head(QueueColumns.of(queue), 0.01, 2)
-    assert [queue[i].request_id for i in got] == ["H1", "H2", "H3", "H4", "H5", "M"]
-    assert policy.last_lanes == ["fast", "fast"] + [UNPLACED_LANE] * 4
-    got = policy.order_head(QueueColumns.of(queue), 0.01, 6)
-    assert [queue[i].request_id for i in got] == ["H1", "H2", "H3", "H4", "H5", "M"]
-    assert policy.last_lanes == ["fast"] * 5 + ["fair"]
+    got = policy.ordering(QueueColumns.of(queue), Step(0.01, 2))
+    assert [queue[i].request_id for i in got.order] == ["H1", "H2", "H3", "H4", "H5", "M"]
+    assert got.lanes == ["fast", "fast"] + [UNPLACED_LANE] * 4
+    got = policy.ordering(QueueColumns.of(queue), Step(0.01, 6))
+    assert [queue[i].request_id for i in got.order] == ["H1", "H2", "H3", "H4", "H5", "M"]
+    assert got.lanes == ["fast"] * 5 + ["fair"]
 
 
 @pytest.mark.parametrize("name", ["lpm", "fcfs", "klpm"])
-def test_policies_without_order_head_get_the_full_order(name: str) -> None:
+def test_policies_without_a_head_path_give_the_full_order(name: str) -> None:
     queue = [QueuedRequest(f"r{k}", float(k), 100, 50 * (k % 2)) for k in range(6)]
     full = get(name).order(queue, 10.0)
-    got = head_order_of(get(name), QueueColumns.of(queue), 10.0, 1)
+    got = get(name).ordering(QueueColumns.of(queue), Step(10.0, 1)).order
     assert np.asarray(got).tolist() == list(full)

@@ -1,22 +1,176 @@
-"""The waiting queue as numpy columns: the fast path of `Policy.order`. Must not import vllm.
+"""The waiting queue and its orderings, as every policy sees them. Must not import vllm.
 
-Building a `QueuedRequest` per waiting request and sorting them in Python costs ~1-3 us per
-request and step, which is milliseconds at 1,000+ waiting requests. The scheduler therefore keeps
-the queue's fields in numpy arrays (arrival and L never change while a request waits, h only when
-the cache does) and hands a policy that defines `order_columns(cols, now)` these columns instead.
-A policy without it gets `cols.views()`, the same queue as `QueuedRequest`s, so every policy keeps
-working; the two paths must give the same order (tests/unit/test_columns.py checks it).
+A policy reads the waiting queue as `QueueColumns` (numpy columns by row: arrival, prompt length,
+cached prefix, a stable per-request key) and returns an `Ordering`: a permutation of the rows,
+highest priority first, as an array or a `HeadOrder`, with the lane that placed each position and,
+for a policy that plans steps, the step's `StepPlan`. `QueuedRequest` is the same queue one request
+at a time: what a reference rule reads (`QueueColumns.views()`), and what tests build.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 import numpy as np
 
-from fairway.policies.base import QueuedRequest
+#: The lane label of an ordered position that `Policy.order_head` left in queue order: no lane
+#: placed it. Equal to `fairway.vllm.metrics.NO_LANE` ("admitted outside Fairway's order");
+#: `fairway:requests_placed_total` does not count such admissions.
+UNPLACED_LANE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """What a policy may know about one waiting request.
+
+    Attributes:
+        request_id: the engine's id (unique within one queue).
+        arrival: arrival time in seconds, on the same clock as `now` in `Policy.order`.
+        prompt_tokens: full length L in tokens (for a preempted request: prompt + output so far).
+        cached_tokens: h, tokens of the longest cached prefix found now (block-granular, <= L).
+    """
+
+    request_id: str
+    arrival: float
+    prompt_tokens: int
+    cached_tokens: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(
+                f"QueuedRequest.request_id must be a non-empty str, got {self.request_id!r}"
+            )
+        if not math.isfinite(self.arrival):
+            raise ValueError(
+                f"QueuedRequest {self.request_id}: arrival must be finite, got {self.arrival!r}"
+            )
+        if self.prompt_tokens < 0:
+            raise ValueError(
+                f"QueuedRequest {self.request_id}: prompt_tokens must be >= 0, "
+                f"got {self.prompt_tokens}"
+            )
+        if not 0 <= self.cached_tokens <= self.prompt_tokens:
+            raise ValueError(
+                f"QueuedRequest {self.request_id}: cached_tokens must be in [0, prompt_tokens="
+                f"{self.prompt_tokens}], got {self.cached_tokens}"
+            )
+
+    @property
+    def remaining(self) -> int:
+        """Work left: uncached tokens, at least 1 (the last token is always computed)."""
+        return max(self.prompt_tokens - self.cached_tokens, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillingRequest:
+    """A running request whose prefill is not finished (vLLM continues it before the queue).
+
+    Attributes:
+        request_id: the engine's id.
+        arrival: arrival time, on the clock of `QueuedRequest.arrival`.
+        remaining: prompt tokens still to compute (>= 1).
+        prompt_tokens: its full length L (prompt, plus output so far when resumed; at least
+            `remaining`); the tokens already computed, L - remaining, play the cached prefix's
+            part in the Fast score.
+    """
+
+    request_id: str
+    arrival: float
+    remaining: int
+    prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < self.remaining:
+            object.__setattr__(self, "prompt_tokens", self.remaining)
+
+    def view(self) -> QueuedRequest:
+        """The request as the queue's view: its computed tokens as the cached prefix."""
+        return QueuedRequest(
+            self.request_id, self.arrival, self.prompt_tokens,
+            self.prompt_tokens - self.remaining,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepBudget:
+    """What one scheduling step can give to prefills (`Step.budget`).
+
+    Attributes:
+        tokens: the step's token budget minus what the running decodes need this step.
+        free_slots: how many waiting requests the engine may still start (max_num_seqs - running).
+        ahead: remaining tokens of requests the engine serves from the waiting queue before the
+            policy's order (preempted requests it keeps at the head), in that order.
+        ahead_ids: their ids.
+    """
+
+    tokens: int
+    free_slots: int
+    ahead: tuple[int, ...] = ()
+    ahead_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What the engine tells a policy about the step it orders for (`Policy.ordering`).
+
+    Attributes:
+        now: the time, on the clock of `QueuedRequest.arrival`.
+        head: how many positions of the order vLLM's scan can reach this step (None: any). A
+            policy may order only those exactly and leave the other rows in row order.
+        budget: the step's prefill budget, for a policy with `plans_steps` (None: no engine
+            step follows, an order only).
+        prefilling: the running requests whose prefill is not finished (`plans_steps` only).
+    """
+
+    now: float
+    head: int | None = None
+    budget: StepBudget | None = None
+    prefilling: Sequence[PrefillingRequest] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """A step-planning policy's decision for one step, beyond the waiting order (`Ordering.plan`).
+
+    Attributes:
+        front_id: the Fair lane's front (the oldest request not done with its prefill), if any.
+        cap: per-request prefill cap for this step (vLLM's `long_prefill_token_threshold`), or
+            None to leave the engine's own setting.
+        running_order: prefilling running requests in the order to serve them this step (they
+            trade places among the positions prefills hold in vLLM's running list).
+        hold: prefilling running requests left out of this step.
+        budget: the step's prefill tokens (budget minus decodes and the requests served first).
+        contested: whether the lanes contest this step (the ledgers are charged after it).
+        lanes: request id -> the lane ("fast" / "fair") it is charged to, for the placed requests.
+    """
+
+    front_id: str | None = None
+    cap: int | None = None
+    running_order: tuple[str, ...] = ()
+    hold: frozenset[str] = frozenset()
+    budget: int = 0
+    contested: bool = False
+    lanes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Ordering:
+    """A policy's answer for one step (`Policy.ordering`).
+
+    Attributes:
+        order: a permutation of the queue's rows, highest priority first: a list, an int array
+            or a `HeadOrder` (its head, then every other row in row order).
+        lanes: the lane that placed each position of `order` ("fast", "fair", or
+            `UNPLACED_LANE` past an exact head); None: the policy has one lane.
+        plan: the step's token split, for a policy with `plans_steps` (None: vLLM's own).
+    """
+
+    order: Sequence[int] | np.ndarray
+    lanes: Sequence[str] | None = None
+    plan: StepPlan | None = None
 
 
 @dataclass(slots=True)
@@ -103,22 +257,6 @@ class QueueColumns:
             new=np.ones(n, dtype=bool),
             ids_source=lambda rows: np.asarray(ids, dtype=object)[rows].tolist(),
         )
-
-
-def order_of(policy: Any, cols: QueueColumns, now: float) -> Any:
-    """`policy.order_columns(cols, now)` if the policy has it, else `policy.order(views, now)`."""
-    fast = getattr(policy, "order_columns", None)
-    if fast is not None:
-        return fast(cols, now)
-    return policy.order(cols.views(), now)
-
-
-def head_order_of(policy: Any, cols: QueueColumns, now: float, head: int) -> Any:
-    """An order whose first `head` positions are exact: `policy.order_head(cols, now, head)` for a
-    policy with `orders_head` and head < n (the rest stays in row order), else the full order."""
-    if head < len(cols) and getattr(type(policy), "orders_head", False):
-        return policy.order_head(cols, now, head)
-    return order_of(policy, cols, now)
 
 
 class HeadOrder(Sequence[int]):

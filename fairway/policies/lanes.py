@@ -1,0 +1,239 @@
+"""The two lanes both Fairway policies share: the Fast-lane score and the work-charge merge.
+
+Must not import vllm. `FastLanePolicy` is the base class of `fairway-step` (the seed's per-step
+rule, `fairway.policies.fairway_step`) and `fairway` (the charges carried across steps,
+`fairway.policies.fairway`): the parameters both take, the patience (SLO) and the Fast score.
+`merge` is the seed's merge of the two lanes, with the cross-step policy's two extensions (start
+ledgers, free request slots). The lane-head selections at the bottom find the first entries of a
+lane without sorting the whole queue (what the engine calls every step over 1,000s of requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from fairway.policies.base import Policy
+from fairway.policies.queue import QueueColumns, QueuedRequest
+from fairway.profiling.table import PrefillProfile, load
+
+FAST, FAIR = "fast", "fair"
+
+
+@dataclass(eq=False)
+class FastLanePolicy(Policy):
+    """The Fast lane's score and the parameters both Fairway policies share (a base class).
+
+    Fast lane, highest score first (ties: older first, then queue position)::
+
+        s = h / max(c, 1) + wait / SLO,    SLO = max(patience_floor_s, patience_multiplier * T(L))
+
+    with h the cached prefix tokens, c the tokens still to compute, L the prompt length, wait =
+    now - arrival (>= 0) and T the idle prefill time from the profile table. The first term is
+    RAGCache's order; the second makes every request's urgency grow at a rate relative to its own
+    size, so a short prompt that waited 2 s with 1 s of patience (term 2) outranks a long one that
+    waited 2 s with 4 s of patience (term 0.5).
+    """
+
+    #: Charge on Fast-lane work in the merge (> 0): hits may take 1 / fast_weight of the oldest
+    #: request's work before it is placed, and under contention (fairway) the Fair lane gets
+    #: fast_weight / (1 + fast_weight) of the prefill tokens. Larger: closer to FCFS.
+    fast_weight: float = 4.0
+    #: SLO = patience_multiplier x T(L) (> 0).
+    patience_multiplier: float = 3.0
+    #: Lower bound of the SLO in seconds (> 0); also the unit of wait for `fairway-abswait`.
+    patience_floor_s: float = 1.0
+    #: Prefill-time table T(L) (object, path or shipped name); None: every SLO is the floor.
+    profile: PrefillProfile | str | None = None
+    needs_cache_hits: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for name in ("fast_weight", "patience_multiplier", "patience_floor_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+            if value == float("inf"):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+        if isinstance(self.profile, str):
+            self.profile = load(self.profile)
+        elif self.profile is not None and not isinstance(self.profile, PrefillProfile):
+            raise ValueError(
+                f"profile must be a PrefillProfile, a path or None, got {self.profile!r}"
+            )
+
+    # --- the rule ---------------------------------------------------------------------------------
+
+    def patience(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        """SLO in seconds of each prompt length: max(floor, multiplier x T(L)). The one patience
+        function (elementwise, so a length gets the same float in any batch)."""
+        if not isinstance(self.profile, PrefillProfile):
+            return np.full(prompt_tokens.shape, self.patience_floor_s)
+        prefill = self.profile.prefill_s_array(prompt_tokens)
+        return np.maximum(self.patience_floor_s, self.patience_multiplier * prefill)
+
+    def patience_s(self, prompt_tokens: int) -> float:
+        """SLO of a prompt of this length, in seconds."""
+        return float(self.patience(np.array([prompt_tokens], dtype=np.float64))[0])
+
+    def wait_unit_s(self, prompt_tokens: int) -> float:
+        """What a request's wait is divided by in its score (its SLO; `fairway-abswait`: the
+        floor)."""
+        return self.patience_s(prompt_tokens)
+
+    def fast_score(self, request: QueuedRequest, now: float) -> float:
+        """s = h / max(c, 1) + wait / SLO (or wait / floor for the absolute-wait ablation)."""
+        wait = max(now - request.arrival, 0.0) / self.wait_unit_s(request.prompt_tokens)
+        return request.cached_tokens / request.remaining + wait
+
+    def fast_scores(self, queue: Sequence[QueuedRequest], now: float) -> list[float]:
+        return [self.fast_score(request, now) for request in queue]
+
+    # --- the same score over the queue's columns (must equal `fast_score` bit for bit) -----------
+
+    def wait_units(self, queue: QueueColumns) -> np.ndarray | float:
+        """`wait_unit_s` of every row; one number when every SLO is the floor (no profile),
+        which divides as the array of it would, without an n-sized temporary."""
+        if self.profile is None:
+            return self.patience_floor_s
+        return self.patience(queue.prompt_tokens)
+
+    def scores(self, queue: QueueColumns, now: float) -> np.ndarray:
+        """`fast_score` of every row, float64 (the same IEEE operations in the same order)."""
+        wait = np.subtract(now, queue.arrival)
+        np.maximum(wait, 0.0, out=wait)
+        wait /= self.wait_units(queue)
+        scores = np.divide(queue.cached_tokens, queue.remaining)
+        scores += wait
+        return scores
+
+
+def fast_lane_order(scores: Sequence[float], queue: Sequence[QueuedRequest]) -> list[int]:
+    """The Fast lane: positions by score descending, then older, then queue position."""
+    return sorted(range(len(queue)), key=lambda i: (-scores[i], queue[i].arrival))
+
+
+def fair_lane_order(queue: Sequence[QueuedRequest]) -> list[int]:
+    """The Fair lane: positions by arrival, then queue position."""
+    return sorted(range(len(queue)), key=lambda i: queue[i].arrival)
+
+
+def merge(
+    fast: Sequence[int],
+    fair: Sequence[int],
+    work: Mapping[int, int] | Sequence[float] | np.ndarray,
+    weight: float,
+    ledgers: tuple[float, float] | None = None,
+    slots: int | None = None,
+    step_tokens: int | None = None,
+) -> tuple[list[int], list[str], list[str]]:
+    """The seed's merge of two lanes over the same requests.
+
+    `fast` and `fair` list the same requests (keys; waiting rows >= 0, running prefills < 0) in
+    each lane's order; `ledgers` are the (fast, fair) ledgers to start from, or None for the
+    seed's start (w x the Fast front's work, the Fair front's work). The lane with the smaller
+    ledger places its first request not yet placed and adds its work (x weight for Fast); ties
+    go to Fast. Each lane is read only at its first entry not yet placed, so the merge of two
+    lane prefixes equals the whole lanes' until one prefix is used up, where it stops.
+
+    `slots`: the step can start at most this many waiting requests. Once they are placed, only
+    the running prefills are placed (a waiting request without a slot gets nothing, so it must
+    not move the ledgers ahead of them), then the other waiting requests as before.
+    Returns the placed keys, the lane that placed each, and the lane each is charged to: the
+    placing lane, except that a Fair front (`fair[0]`, the oldest request) of at least
+    w x `step_tokens` work, one the seed's per-step rule would starve, is charged to the Fair
+    lane whichever lane places it. That changes no placement of the merge itself (its ledgers are
+    the seed's), only what the step's tokens are booked as: without it the Fast lane would pay
+    w x a whole chunk of the long front whenever its score put the front next (a running
+    prefill's computed tokens raise its score), and the hits behind it would wait up to w steps
+    while the Fair lane caught up.
+    """
+    placed: set[int] = set()
+    keys: list[int] = []
+    lanes: list[str] = []
+    charged: list[str] = []
+    if not fast or not fair:
+        return keys, lanes, charged
+    if ledgers is None:
+        ledger = [weight * float(work[fast[0]]), float(work[fair[0]])]
+    else:
+        ledger = list(ledgers)
+    front = fair[0]
+    long_front = step_tokens is not None and float(work[front]) >= weight * step_tokens
+
+    def run(fast_keys: Sequence[int], fair_keys: Sequence[int], waiting_limit: int | None) -> None:
+        fast_pos = fair_pos = 0
+        waiting = sum(1 for k in keys if k >= 0)
+        while waiting_limit is None or waiting < waiting_limit:
+            while fast_pos < len(fast_keys) and fast_keys[fast_pos] in placed:
+                fast_pos += 1
+            while fair_pos < len(fair_keys) and fair_keys[fair_pos] in placed:
+                fair_pos += 1
+            if fast_pos == len(fast_keys) or fair_pos == len(fair_keys):
+                return
+            if ledger[0] <= ledger[1]:
+                key = fast_keys[fast_pos]
+                ledger[0] += weight * float(work[key])
+                lanes.append(FAST)
+                charged.append(FAIR if key == front and long_front else FAST)
+            else:
+                key = fair_keys[fair_pos]
+                ledger[1] += float(work[key])
+                lanes.append(FAIR)
+                charged.append(FAIR)
+            placed.add(key)
+            keys.append(key)
+            waiting += key >= 0
+
+    if slots is None:
+        run(fast, fair, None)
+    else:
+        run(fast, fair, max(0, slots))
+        run([k for k in fast if k < 0], [k for k in fair if k < 0], None)
+        run(fast, fair, None)
+    return keys, lanes, charged
+
+
+# --- the first entries of a lane, without sorting the whole queue ---------------------------------
+# The merge reads each lane only at its first entry not yet placed, so k placements read at most
+# the first k entries of each lane: a partial selection (O(n)) of those rows, every row tied with
+# the k-th kept, then sorted by the lane's own keys, gives exactly the whole lane's first k.
+
+
+def fast_lane_head(scores: np.ndarray, arrival: np.ndarray, head: int) -> np.ndarray:
+    """The first `head` rows of the Fast lane whose scores are `scores`."""
+    n = len(scores)
+    if head >= n:
+        rows = np.arange(n)
+    elif head <= 0:
+        return np.arange(0)
+    else:
+        rows = (scores >= kth_smallest(scores, n - head)).nonzero()[0]
+    # score descending, then older; lexsort is stable, so row order breaks the last tie
+    return rows[np.lexsort((arrival[rows], -scores[rows]))][:head]
+
+
+def fair_lane_head(arrival: np.ndarray, head: int) -> np.ndarray:
+    """The first `head` rows of the Fair lane: arrival order, ties in row order."""
+    if head <= 0:
+        return np.zeros(0, np.intp)
+    rows = smallest_rows(arrival, head)
+    return rows[np.argsort(arrival[rows], kind="stable")][:head]
+
+
+def smallest_rows(key: np.ndarray, head: int) -> np.ndarray:
+    """Rows whose `key` is among the `head` smallest, every row tied with the head-th included,
+    in increasing row order (so a stable sort of them keeps queue position as the last tie)."""
+    n = len(key)
+    if head >= n:
+        return np.arange(n)
+    return (key <= kth_smallest(key, head - 1)).nonzero()[0]
+
+
+def kth_smallest(values: np.ndarray, k: int) -> float:
+    """The value at position `k` of `values` sorted (a partition of a copy, O(n))."""
+    part = values.copy()
+    part.partition(k)
+    return float(part[k])
