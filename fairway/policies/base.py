@@ -42,7 +42,8 @@ class Policy(ABC):
           gets the tokens per request.
     """
 
-    name: ClassVar[str] = ""
+    #: The registry name (`register_policy`); an object built by an alias's name carries that.
+    name: str = ""
     #: The ordering reads `cached_tokens`: the engine must have prefix caching on.
     needs_cache_hits: ClassVar[bool] = False
     #: The ordering keeps state across steps (see `on_step_end`).

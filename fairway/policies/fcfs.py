@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fairway.policies.base import Policy, QueuedRequest, arrival_order, register_policy
+from fairway.policies.base import Policy, arrival_order, register_policy
+from fairway.policies.queue import QueuedRequest
 
 
 @register_policy("fcfs")

@@ -105,7 +105,7 @@ class FastLanePolicy(Policy):
         wait = np.subtract(now, queue.arrival)
         np.maximum(wait, 0.0, out=wait)
         wait /= self.wait_units(queue)
-        scores = np.divide(queue.cached_tokens, queue.remaining)
+        scores: np.ndarray = np.divide(queue.cached_tokens, queue.remaining)
         scores += wait
         return scores
 
@@ -212,7 +212,8 @@ def fast_lane_head(scores: np.ndarray, arrival: np.ndarray, head: int) -> np.nda
     else:
         rows = (scores >= kth_smallest(scores, n - head)).nonzero()[0]
     # score descending, then older; lexsort is stable, so row order breaks the last tie
-    return rows[np.lexsort((arrival[rows], -scores[rows]))][:head]
+    ordered: np.ndarray = rows[np.lexsort((arrival[rows], -scores[rows]))][:head]
+    return ordered
 
 
 def fair_lane_head(arrival: np.ndarray, head: int) -> np.ndarray:

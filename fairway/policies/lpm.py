@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from fairway.policies.base import Policy, QueuedRequest, arrival_order, register_policy
-from fairway.policies.queue import KeyedState, Ordering, QueueColumns, Step
+from fairway.policies.base import Policy, arrival_order, register_policy
+from fairway.policies.queue import KeyedState, Ordering, QueueColumns, QueuedRequest, Step
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class KLPMPolicy(Policy):
     Cost: two sorts and a linear merge with a "taken" mask, O(n log n).
     """
 
-    name: ClassVar[str] = "klpm"
+    name = "klpm"
     needs_cache_hits: ClassVar[bool] = True
     stateful: ClassVar[bool] = True
 

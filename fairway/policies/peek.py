@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fairway.errors import ProfileError
-from fairway.policies.base import Policy, QueuedRequest, register_policy
+from fairway.policies.base import Policy, register_policy
+from fairway.policies.queue import QueuedRequest
 from fairway.profiling.table import PrefillProfile, default_profile, load
 
 

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from fairway.policies.base import Policy, QueuedRequest, register_policy
+from fairway.policies.base import Policy, register_policy
+from fairway.policies.queue import QueuedRequest
 
 
 @register_policy("preble")

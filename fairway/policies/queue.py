@@ -168,7 +168,7 @@ class Ordering:
         plan: the step's token split, for a policy with `plans_steps` (None: vLLM's own).
     """
 
-    order: Sequence[int] | np.ndarray
+    order: Sequence[int] | np.ndarray | HeadOrder
     lanes: Sequence[str] | None = None
     plan: StepPlan | None = None
 
@@ -259,7 +259,7 @@ class QueueColumns:
         )
 
 
-class HeadOrder(Sequence[int]):
+class HeadOrder:
     """A permutation of range(n) given by its head: the rows `head` first, in that order, then
     every other row in row order (the shape of an `order_head` result).
 
@@ -299,7 +299,8 @@ class HeadOrder(Sequence[int]):
 
     def tolist(self) -> list[int]:
         """The whole order as a list of ints (as an array's `tolist`)."""
-        return self.full().tolist()
+        rows: list[int] = self.full().tolist()
+        return rows
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         full = self.full()
@@ -424,7 +425,8 @@ class KeyedState:
             grown = np.zeros(max(2 * len(self.values), int(keys.max()) + 1, 64), np.int64)
             grown[: len(self.values)] = self.values
             self.values = grown
-        return self.values[keys]
+        values: np.ndarray = self.values[keys]
+        return values
 
     def store(self, keys: np.ndarray, values: np.ndarray) -> None:
         self.values[keys] = values
