@@ -8,7 +8,7 @@ that virtual clock. One job per object: `VirtualClock` keeps time, a `StepTimeMo
 `_Recorder` fills the `RequestResult`s, and `replay()` is the loop that connects them.
 
 Must not import vllm: everything engine-side goes through `fairway.vllm.offline` and
-`fairway.vllm.probe` (imported lazily, so that importing this module stays cheap).
+`fairway.vllm.internals` (imported lazily, so that importing this module stays cheap).
 """
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ def replay(
             shorter one replays, `max_model_len` sized to it (`model_len`).
     """
     check_prompt_lengths(trace, trace_name)  # before vLLM's import, so a worker fails fast
-    from fairway.vllm import offline, probe  # lazy: imports vLLM (~5-10 s)
+    from fairway.vllm import internals, offline  # lazy: imports vLLM (~5-10 s)
 
     started = time.perf_counter()
     table = resolve_profile(profile)
@@ -402,7 +402,7 @@ def replay(
     scheduler.set_fairway_clock(clock)
     if hooks is not None and hooks.on_start is not None:
         hooks.on_start(scheduler)
-    loop = _Loop(trace, scheduler, cost, clock, offline, probe, block_size, progress, hooks)
+    loop = _Loop(trace, scheduler, cost, clock, offline, internals, block_size, progress, hooks)
     loop.run()
     wall = time.perf_counter() - started
     settings = _settings(trace, policy, scheduler, cost, sizing, loop)
@@ -428,14 +428,14 @@ class _Loop:
     """The event loop of one replay: arrivals, steps, clock, recording."""
 
     def __init__(self, trace: Trace, scheduler: Any, cost: StepTimeModel, clock: VirtualClock,
-                 offline: Any, probe: Any, block_size: int, progress: bool,
+                 offline: Any, internals: Any, block_size: int, progress: bool,
                  hooks: ReplayHooks | None) -> None:
         self.requests = trace.requests
         self.scheduler = scheduler
         self.cost = cost
         self.clock = clock
         self.offline = offline
-        self.probe = probe
+        self.internals = internals
         self.block_size = block_size
         self.vocab_size = int(offline.TINY_MODEL_CONFIG["vocab_size"])
         self.recorder = _Recorder(trace.requests)
@@ -483,8 +483,8 @@ class _Loop:
         """One engine step; False when it scheduled nothing."""
         scheduler = self.scheduler
         output = scheduler.schedule()
-        scheduled = self.probe.scheduled_tokens(output)
-        spans = self.probe.scheduled_spans(scheduler, scheduled)
+        scheduled = self.internals.scheduled_tokens(output)
+        spans = self.internals.scheduled_spans(scheduler, scheduled)
         start = self.clock.now
         if spans:
             self.clock.advance(self.cost.step_time_s([(s, e) for s, e, _ in spans.values()]))
@@ -504,7 +504,7 @@ class _Loop:
     def _failure(self, request_id: str) -> str:
         i = self.recorder.index[request_id]
         tokens = self.requests[i].prompt_tokens
-        blocks = self.probe.usable_blocks(self.scheduler)
+        blocks = self.internals.usable_blocks(self.scheduler)
         return (
             f"finished by the engine without a first token (a {tokens}-token prompt; the KV "
             f"cache has {blocks} usable blocks of {self.block_size} tokens)"

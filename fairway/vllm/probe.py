@@ -1,8 +1,7 @@
-"""Side-effect-free, incremental cached-prefix lookup, and every private vLLM access Fairway makes.
+"""Side-effect-free, incremental cached-prefix lookup of the waiting queue.
 
-Each function here that touches a vLLM internal is tagged `# vLLM internal: <name>`;
-`tests/integration/test_compat_names.py` asserts each of those names exists, and
-`check_internals()` runs the same checks when a Fairway scheduler starts.
+vLLM's objects are read through `fairway.vllm.internals`; the few `Request` fields read inline
+in the per-request loops are tagged `# vLLM internal: <name>` like the accessors there.
 
 Why incremental: vLLM's lookup (`KVCacheCoordinator.find_longest_cache_hit`) walks the request's
 block hashes from the start, ~1 us per cached block on a CPU core, so re-probing 1,000 waiting
@@ -32,190 +31,21 @@ exact, because vLLM does its own lookup at admission.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice, repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
-from vllm.v1.core.sched.request_queue import FCFSRequestQueue
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import Request, RequestStatus
 
 from fairway.policies.columns import HeadOrder, QueueColumns
+from fairway.vllm import internals
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-
-# --- scheduler and request fields -----------------------------------------------------------------
-
-
-def waiting_queue(scheduler: Scheduler) -> FCFSRequestQueue:
-    """The queue Fairway orders: new and preempted requests that hold no KV blocks."""
-    return scheduler.waiting  # vLLM internal: Scheduler.waiting
-
-
-def reorder_queue(queue: FCFSRequestQueue, requests: Sequence[Request]) -> None:
-    """Replace the deque's contents by `requests` (a permutation of them), in place.
-
-    In place because vLLM holds the queue object; the order survives until the scan pops it.
-    """
-    queue.clear()  # vLLM internal: FCFSRequestQueue is a deque
-    queue.extend(requests)
-
-
-def kv_cache_manager(scheduler: Scheduler) -> KVCacheManager:
-    """The scheduler's KV cache manager."""
-    return scheduler.kv_cache_manager  # vLLM internal: Scheduler.kv_cache_manager
-
-
-def block_pool(scheduler: Scheduler) -> BlockPool:
-    """The block pool (free queue, hash map) behind the scheduler's KV cache."""
-    return scheduler.kv_cache_manager.block_pool  # vLLM internal: KVCacheManager.block_pool
-
-
-def request_fields(request: Request) -> tuple[str, float, int]:
-    """(request_id, arrival_time, num_tokens = prompt + output so far)."""
-    # vLLM internal: Request.request_id / arrival_time / num_tokens
-    return request.request_id, request.arrival_time, request.num_tokens
-
-
-def free_slots(scheduler: Scheduler) -> int:
-    """How many waiting requests vLLM's step may still start: its free request slots.
-
-    vLLM's admission loop stops at once when `running` (plus paused streaming sessions) fills
-    `max_num_active_reqs` (0.32; `max_num_running_reqs`, the slot count, elsewhere). Preemption in
-    the step only sends requests back to the queue and also stops admission.
-    """
-    # vLLM internal: Scheduler.running / max_num_active_reqs / num_waiting_for_streaming_input
-    limit = getattr(scheduler, "max_num_active_reqs", None)
-    if not isinstance(limit, int):
-        limit = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
-    paused = getattr(scheduler, "num_waiting_for_streaming_input", 0)
-    return max(0, limit - len(scheduler.running) - (paused if isinstance(paused, int) else 0))
-
-
-def can_admit(scheduler: Scheduler) -> bool:
-    """False when vLLM's step cannot start a waiting request: every request slot is taken."""
-    return free_slots(scheduler) > 0
-
-
-def scan_bound(scheduler: Scheduler, free: int | None = None) -> int | None:
-    """How many positions of the waiting queue vLLM's scan can reach this step; None: any.
-
-    The scan starts at most `free_slots` requests, taken from the head in order, and reads one
-    more position for each request it skips without starting it. Requests it skipped in earlier
-    steps and that still wait (`deferred_waiting`: grammar not ready, remote KV loading, stale
-    output) are counted as possible skips. The LoRA limit and a KV connector can skip any request,
-    so with either configured the bound is None (order the whole queue). `free`: `free_slots`,
-    if the caller has it.
-    """
-    # vLLM internal: Scheduler.lora_config / connector (absent: assume they may skip)
-    if getattr(scheduler, "lora_config", True) is not None:
-        return None
-    if getattr(scheduler, "connector", True) is not None:
-        return None
-    return (free_slots(scheduler) if free is None else free) + deferred_count(scheduler)
-
-
-def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
-    """Tokens scheduled per request id in one step."""
-    return output.num_scheduled_tokens  # vLLM internal: SchedulerOutput.num_scheduled_tokens
-
-
-def started_ids(output: SchedulerOutput) -> Iterable[str]:
-    """Ids of the requests a step took from the waiting queue: new ones and resumed ones (every
-    scheduled request when the output lacks those fields), without the running ones' decodes."""
-    # vLLM internal: SchedulerOutput.scheduled_new_reqs / CachedRequestData.resumed_req_ids
-    resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None)
-    if resumed is None:
-        return output.num_scheduled_tokens.keys()
-    new = output.scheduled_new_reqs
-    if not resumed:
-        return [data.req_id for data in new]
-    return [*(data.req_id for data in new), *resumed]
-
-
-def prefill_tokens(scheduler: Scheduler, output: SchedulerOutput) -> int:
-    """Tokens of this step that computed prompt positions (prefill), summed over requests.
-
-    Called after `schedule()`, when vLLM has already advanced `num_computed_tokens` by the
-    scheduled count: a request was prefilling if it started the step below its prompt length.
-    A resumed preempted request recomputes prompt + earlier output, all of it counted.
-    """
-    requests = scheduler.requests  # vLLM internal: Scheduler.requests
-    total = 0
-    for req_id, n in output.num_scheduled_tokens.items():
-        request = requests.get(req_id)
-        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
-        if request is not None and request.num_computed_tokens - n < request.num_prompt_tokens:
-            total += n
-    return total
-
-
-def scheduled_spans(
-    scheduler: Scheduler, scheduled: Mapping[str, int]
-) -> dict[str, tuple[int, int, int]]:
-    """request id -> (start, end, prompt tokens) of the positions each request computes this step.
-
-    Read after `schedule()`, which has already advanced `num_computed_tokens` by the scheduled
-    count, so the span is [computed - n, computed). Used by the virtual replay's cost model.
-    """
-    requests = scheduler.requests  # vLLM internal: Scheduler.requests
-    spans = {}
-    for request_id, n in scheduled.items():
-        request = requests[request_id]
-        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
-        end = request.num_computed_tokens
-        spans[request_id] = (end - n, end, request.num_prompt_tokens)
-    return spans
-
-
-def deferred_count(scheduler: Scheduler) -> int:
-    """How many waiting requests vLLM skipped (blocked status etc.); bounds the admission scan."""
-    return len(scheduler.deferred_waiting)  # vLLM internal: Scheduler.deferred_waiting
-
-
-def report_request_error(scheduler: Scheduler, request_id: str) -> bool:
-    """Have vLLM finish a waiting request with FINISHED_ERROR at the next `update_from_output`.
-
-    vLLM finishes a waiting request with an error output delivered to its client only from
-    `update_from_output`, via the id sets it drains there (0.32; the same set exists in the
-    upstream versions around it); `grammar_compile_error_reqs` is the one that needs no other
-    state. Returns False (nothing done) if the set is missing: the request then only stays last.
-    """
-    errors = getattr(scheduler, "grammar_compile_error_reqs", None)  # vLLM internal
-    if not isinstance(errors, set):
-        return False
-    errors.add(request_id)
-    return True
-
-
-def block_size_of(manager: KVCacheManager) -> int:
-    """Tokens per block of the (first) KV-cache group."""
-    managers = manager.coordinator.single_type_managers  # vLLM internal
-    return int(managers[0].block_size) if managers else 1
-
-
-def usable_blocks(scheduler: Scheduler) -> int:
-    """KV blocks a single request could ever hold: the pool minus vLLM's null block."""
-    return block_pool(scheduler).num_gpu_blocks - 1  # vLLM internal: BlockPool.num_gpu_blocks
-
-
-def _eagle_groups(coordinator: Any) -> set[int]:
-    # vLLM internal: KVCacheCoordinator.eagle_group_ids (0.33 adds drop_eagle_group_ids)
-    groups = getattr(coordinator, "drop_eagle_group_ids", None)
-    if groups is None:
-        groups = getattr(coordinator, "eagle_group_ids", set())
-    return set(groups)
 
 
 # --- the probe ------------------------------------------------------------------------------------
@@ -226,16 +56,9 @@ PROBE_BUDGET = 1_024
 
 _ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
 #: vLLM's hash-map key of a block hash in KV-cache group 0 is the hash followed by these bytes
-#: (`make_block_hash_with_group_id`, 0.32: the group id in 4 big-endian bytes). The incremental
-#: probe appends them itself, one Python call less per hash-map read, and runs only where that
-#: holds (`_keys_are_suffixed`).
-_GROUP0_SUFFIX = make_block_hash_with_group_id(b"", 0)  # vLLM internal: the key's encoding
-
-
-def _keys_are_suffixed() -> bool:
-    """Whether vLLM builds a group-0 key by appending `_GROUP0_SUFFIX` to the block hash."""
-    sample = bytes(range(32))
-    return make_block_hash_with_group_id(sample, 0) == sample + _GROUP0_SUFFIX
+#: (`internals.group_key_suffix`). The incremental probe appends them itself, one Python call
+#: less per hash-map read, and runs only where that holds (`internals.keys_are_suffixed`).
+GROUP0_SUFFIX = internals.group_key_suffix(0)
 
 
 #: Requests vLLM may have put back at the head of the queue that `_match` looks past.
@@ -247,7 +70,6 @@ FULL_CHECK_EVERY = 32
 _MAX_HINTS = 4_096
 #: Keys `_grown_keys` reads from the hash map's end at a time.
 _WALK_CHUNK = 256
-_request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
 #: `arrange` rebuilds the queue by list slices (one per moved row) when at most
 #: max(_MIN_MOVED, n / _MOVED_SHARE) rows moved to the front, else by one gather of all n rows:
 #: measured on CPython 3.11 and numpy 2, the two cost the same near n / 20 moved rows.
@@ -260,7 +82,7 @@ def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any
     `current[positions[i]]`, or at `current[i]` when no request was set apart."""
     if isinstance(rows, slice):
         picked = current if positions is None else [current[i] for i in positions.tolist()]
-        return list(map(_request_id, picked[rows]))
+        return list(map(internals.request_id_of, picked[rows]))
     index = np.asarray(rows, dtype=np.intp)
     if positions is not None:
         index = positions[index]
@@ -349,16 +171,18 @@ class PrefixProbe:
         probe_budget: int = PROBE_BUDGET,
     ) -> None:
         self._manager = manager
-        self._coordinator = manager.coordinator  # vLLM internal: KVCacheManager.coordinator
-        self._pool = manager.block_pool  # vLLM internal: KVCacheManager.block_pool
+        self._coordinator = internals.coordinator_of(manager)
+        self._pool = internals.pool_of(manager)
         self._hash_map: Any = None
         self._cache: dict[bytes, Any] | None = None
         self._cache_get: Callable[[bytes], Any] = dict().get
         self._bind()
         self.caching = caching
-        self.block_size = block_size_of(manager)
+        self.block_size = internals.block_size_of(manager)
         self.incremental = (
-            caching and self._cache is not None and self._supports_incremental(self._pool)
+            caching
+            and self._cache is not None
+            and internals.supports_incremental(self._coordinator, self._pool)
         )
         #: Requests longer than this cannot fit in an empty cache (kept last, never probed).
         self.max_tokens = max_tokens if max_tokens is not None else 2**62
@@ -401,28 +225,13 @@ class PrefixProbe:
 
     def _bind(self) -> None:
         """(Re)read the pool's hash map; vLLM replaces it on `reset_prefix_cache()`."""
-        hash_map = self._pool.cached_block_hash_to_block  # vLLM internal: BlockPool hash map
+        hash_map = internals.block_hash_map(self._pool)
         self._hash_map = hash_map
-        raw = getattr(hash_map, "_cache", None)  # vLLM internal: BlockHashToBlockMap._cache
-        if isinstance(raw, dict):
+        raw = internals.hash_map_dict(hash_map)
+        if raw is not None:
             self._cache, self._cache_get = raw, raw.get
         else:  # the private dict is gone: the public getter, and no set-based checks
-            self._cache, self._cache_get = None, hash_map.get_one_block
-
-    def _supports_incremental(self, pool: BlockPool) -> bool:
-        """The memo is exact only for one full-attention group hashed at the block size."""
-        coordinator = self._coordinator
-        if not isinstance(coordinator, UnitaryKVCacheCoordinator):
-            return False
-        manager = coordinator.single_type_managers[0]
-        return (
-            type(manager) is FullAttentionManager
-            and not _eagle_groups(coordinator)  # EAGLE drops the last hit block
-            and pool.hash_block_size == manager.block_size  # vLLM internal: hash_block_size
-            and getattr(coordinator, "dcp_world_size", 1) == 1
-            and getattr(coordinator, "pcp_world_size", 1) == 1
-            and _keys_are_suffixed()
-        )
+            self._cache, self._cache_get = None, internals.hash_map_getter(hash_map)
 
     # --- one request ------------------------------------------------------------------------------
 
@@ -453,12 +262,12 @@ class PrefixProbe:
 
     def fresh_cached_tokens(self, request: Request) -> int:
         """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
-        if not self.caching or not self._manager.prefix_cache_lookup_enabled(request):
-            return 0  # vLLM internal: KVCacheManager.prefix_cache_lookup_enabled
-        result = self._coordinator.find_longest_cache_hit(  # vLLM internal
-            request.block_hashes, request.num_tokens - 1
-        )
-        return int(result[1])
+        if not self.caching or not internals.prefix_cache_lookup_enabled(self._manager, request):
+            return 0
+        # vLLM internal: Request.block_hashes / num_tokens
+        return internals.longest_cache_hit(
+            self._coordinator, request.block_hashes, request.num_tokens - 1
+        )[1]
 
     def hit_blocks(self, request: Request) -> list[KVCacheBlock]:
         """The cached blocks of a waiting request's hit, first block first (read on demand)."""
@@ -467,14 +276,14 @@ class PrefixProbe:
         if hit is None or not hit.probed or not self._cached[hit.slot]:
             return []
         if not self.incremental:
-            groups = self._coordinator.find_longest_cache_hit(  # vLLM internal
-                request.block_hashes, hit.num_tokens - 1
+            groups = internals.longest_cache_hit(
+                self._coordinator, request.block_hashes, hit.num_tokens - 1  # vLLM internal
             )[0]
             return list(groups[0]) if len(groups) == 1 else [b for g in groups for b in g]
         hashes = request.block_hashes  # vLLM internal: Request.block_hashes
         blocks = []
         for i in range(hit.blocks):
-            block = _one_block(self._cache_get(hashes[i] + _GROUP0_SUFFIX))
+            block = internals.one_block(self._cache_get(hashes[i] + GROUP0_SUFFIX))
             if block is None:
                 break
             blocks.append(block)
@@ -490,7 +299,8 @@ class PrefixProbe:
 
     def _first(self, hit: _Hit) -> None:
         hit.probed = True
-        if not self.caching or not self._manager.prefix_cache_lookup_enabled(hit.request):
+        manager = self._manager
+        if not self.caching or not internals.prefix_cache_lookup_enabled(manager, hit.request):
             return  # vLLM skips the lookup for this request (prompt logprobs, pooling): h = 0
         self._lookup(hit)
 
@@ -507,10 +317,8 @@ class PrefixProbe:
         self.num_full_lookups += 1
         hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
         if not self.incremental:
-            result = self._coordinator.find_longest_cache_hit(  # vLLM internal
-                hashes, hit.num_tokens - 1
-            )
-            self._set(hit, int(result[1]) // self.block_size, int(result[1]))
+            tokens = internals.longest_cache_hit(self._coordinator, hashes, hit.num_tokens - 1)[1]
+            self._set(hit, tokens // self.block_size, tokens)
             return
         cache = self._cache
         assert cache is not None
@@ -613,9 +421,9 @@ class PrefixProbe:
         if not self.incremental:
             return
         hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
-        last_key = hashes[blocks - 1] + _GROUP0_SUFFIX if blocks else None
+        last_key = hashes[blocks - 1] + GROUP0_SUFFIX if blocks else None
         can_grow = blocks < min(hit.cap, len(hashes))
-        next_key = hashes[blocks] + _GROUP0_SUFFIX if can_grow else None
+        next_key = hashes[blocks] + GROUP0_SUFFIX if can_grow else None
         if hit.slot < 0:
             hit.next_key, hit.last_key = next_key, last_key
             return
@@ -937,7 +745,7 @@ class PrefixProbe:
 
     def _check_map(self) -> None:
         """After `reset_prefix_cache()` (a new hash map) every memo is stale: probe again."""
-        if self._pool.cached_block_hash_to_block is self._hash_map:  # vLLM internal
+        if internals.block_hash_map(self._pool) is self._hash_map:
             return
         self._bind()
         self._by_next.clear()
@@ -978,11 +786,11 @@ def _cached_prefix_near(
     blocks until the end is passed, then a binary search in the last gap (`_cached_prefix`):
     O(log d) hash-map reads for an end d blocks from the guess, 1-2 when the guess is right."""
     lo = 0
-    if not at_least and guess and hashes[guess - 1] + _GROUP0_SUFFIX not in cache:
+    if not at_least and guess and hashes[guess - 1] + GROUP0_SUFFIX not in cache:
         hi, step = guess - 1, 1  # shorter than the guess: gallop down
         while lo < hi:
             probe = max(lo + 1, hi - step + 1)  # is a hit of `probe` blocks cached?
-            if hashes[probe - 1] + _GROUP0_SUFFIX in cache:
+            if hashes[probe - 1] + GROUP0_SUFFIX in cache:
                 lo = probe
                 break
             hi = probe - 1
@@ -991,7 +799,7 @@ def _cached_prefix_near(
         lo, step = guess, 1  # at least the guess: gallop up
         while lo < hi:
             probe = min(lo + step, hi)
-            if hashes[probe - 1] + _GROUP0_SUFFIX not in cache:
+            if hashes[probe - 1] + GROUP0_SUFFIX not in cache:
                 hi = probe - 1
                 break
             lo = probe
@@ -1004,7 +812,7 @@ def _cached_prefix(cache: dict[bytes, Any], hashes: Sequence[bytes], lo: int, hi
     cached blocks of a chain are prefix-closed (block i cached means blocks 0..i are)."""
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if hashes[mid - 1] + _GROUP0_SUFFIX in cache:
+        if hashes[mid - 1] + GROUP0_SUFFIX in cache:
             lo = mid
         else:
             hi = mid - 1
@@ -1050,13 +858,6 @@ def _move_many(
         index.setdefault(new, set()).update(hits)
 
 
-def _one_block(entry: Any) -> KVCacheBlock | None:
-    """A block from a hash-map entry (a block, or several duplicates in a dict)."""
-    if entry is None or isinstance(entry, KVCacheBlock):
-        return entry
-    return next(iter(entry.values()), None)
-
-
 # --- the queue view -------------------------------------------------------------------------------
 
 
@@ -1097,68 +898,3 @@ class QueueSnapshot:
     @property
     def num_fixed(self) -> int:
         return len(self.fixed_slots)
-
-
-# --- start-up self-check --------------------------------------------------------------------------
-
-#: (dotted name, how to find it on a live scheduler) for every internal used above.
-INTERNAL_NAMES: tuple[str, ...] = (
-    "Scheduler.waiting",
-    "Scheduler.running",
-    "Scheduler.max_num_running_reqs",
-    "Scheduler.requests",
-    "Scheduler.deferred_waiting",
-    "Scheduler.kv_cache_manager",
-    "Scheduler.grammar_compile_error_reqs",
-    "KVCacheManager.coordinator",
-    "KVCacheManager.block_pool",
-    "KVCacheManager.prefix_cache_lookup_enabled",
-    "KVCacheCoordinator.find_longest_cache_hit",
-    "KVCacheCoordinator.single_type_managers",
-    "BlockPool.cached_block_hash_to_block",
-    "BlockHashToBlockMap.get_one_block",
-    "BlockHashToBlockMap._cache",
-    "BlockPool.free_block_queue",
-    "BlockPool.num_gpu_blocks",
-    "BlockPool.hash_block_size",
-    "FreeKVCacheBlockQueue.remove",
-    "FreeKVCacheBlockQueue.append",
-    "FreeKVCacheBlockQueue.fake_free_list_tail",
-    "KVCacheBlock.ref_cnt",
-    "KVCacheBlock.block_hash",
-    "KVCacheBlock.is_null",
-    "KVCacheBlock.prev_free_block",
-)
-
-
-def check_internals(scheduler: Scheduler) -> list[str]:
-    """Names from `INTERNAL_NAMES` (and the queue type) missing on this live scheduler."""
-    missing: list[str] = []
-    if not isinstance(getattr(scheduler, "waiting", None), FCFSRequestQueue):
-        missing.append("Scheduler.waiting as FCFSRequestQueue (a deque)")
-    objects: dict[str, Any] = {"Scheduler": scheduler}
-    manager = getattr(scheduler, "kv_cache_manager", None)
-    objects["KVCacheManager"] = manager
-    objects["KVCacheCoordinator"] = getattr(manager, "coordinator", None)
-    pool = getattr(manager, "block_pool", None)
-    objects["BlockPool"] = pool
-    objects["BlockHashToBlockMap"] = getattr(pool, "cached_block_hash_to_block", None)
-    objects["FreeKVCacheBlockQueue"] = getattr(pool, "free_block_queue", None)
-    objects["KVCacheBlock"] = KVCacheBlock(0)
-    for name in INTERNAL_NAMES:
-        owner, attr = name.split(".")
-        obj = objects.get(owner)
-        if obj is None or not hasattr(obj, attr):
-            missing.append(name)
-    for attr in ("request_id", "arrival_time", "num_tokens", "block_hashes", "status"):
-        if attr not in _request_attrs():
-            missing.append(f"Request.{attr}")
-    return missing
-
-
-def _request_attrs() -> set[str]:
-    """Attribute names a Request has (properties on the class, fields set in __init__)."""
-    names = set(dir(Request))
-    init = Request.__init__.__code__
-    names.update(init.co_names)  # attribute names assigned in __init__ (self.x = ...)
-    return names

@@ -404,12 +404,12 @@ class _CountingCache(dict):
 def test_a_search_from_any_guess_finds_the_cached_prefix(data, hi):
     """`_cached_prefix_near` returns the cached prefix's length whatever the guess (1-2 reads
     when it is right, O(log distance) otherwise); `at_least` trusts a guess known cached."""
-    from fairway.vllm.probe import _GROUP0_SUFFIX, _cached_prefix_near
+    from fairway.vllm.probe import GROUP0_SUFFIX, _cached_prefix_near
 
     length = data.draw(st.integers(0, hi), label="cached blocks")
     guess = data.draw(st.integers(0, hi), label="guess")
     hashes = [i.to_bytes(4, "big") for i in range(hi + 5)]
-    cache = _CountingCache({h + _GROUP0_SUFFIX: None for h in hashes[:length]})
+    cache = _CountingCache({h + GROUP0_SUFFIX: None for h in hashes[:length]})
     assert _cached_prefix_near(cache, hashes, guess, hi) == length
     distance = abs(length - guess)
     assert cache.reads <= (2 if distance == 0 else 4 * distance.bit_length() + 2)
@@ -529,7 +529,7 @@ def test_the_requests_a_step_started_are_the_new_and_the_resumed():
     at); every scheduled request when the output lacks the fields."""
     from types import SimpleNamespace
 
-    from fairway.vllm.probe import started_ids
+    from fairway.vllm.internals import started_ids
 
     scheduled = {"run": 1, "new1": 64, "new2": 8, "back": 32}
     new = [SimpleNamespace(req_id="new1"), SimpleNamespace(req_id="new2")]
