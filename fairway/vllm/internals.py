@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+    from vllm.v1.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -374,7 +374,7 @@ def prefix_cache_lookup_enabled(manager: KVCacheManager, request: Request) -> bo
 
 
 def longest_cache_hit(
-    coordinator: KVCacheCoordinator, block_hashes: Sequence[bytes], max_length: int
+    coordinator: KVCacheCoordinator, block_hashes: list[BlockHash], max_length: int
 ) -> tuple[Any, int]:
     """vLLM's own lookup: (cached blocks per KV-cache group, hit length in tokens).
 
