@@ -7,8 +7,9 @@ model's time for the prompt spans it computed (`fairway.profiling.step_time`), a
 that virtual clock. One job per object: `VirtualClock` keeps time, a `StepTimeModel` prices a step,
 `_Recorder` fills the `RequestResult`s, and `replay()` is the loop that connects them.
 
-Must not import vllm: everything engine-side goes through `fairway.vllm.offline` and
-`fairway.vllm.probe` (imported lazily, so that importing this module stays cheap).
+Must not import vllm at import time: everything engine-side goes through `fairway.vllm.offline`
+and `fairway.vllm.internals`, imported where they are used, so that importing this module stays
+cheap.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from fairway.replay.results import ReplayResult, RequestResult
 from fairway.traces.stats import trace_stats
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
     from fairway.traces.format import Trace, TraceRequest
 
 logger = logging.getLogger(__name__)
@@ -374,7 +377,7 @@ def replay(
             shorter one replays, `max_model_len` sized to it (`model_len`).
     """
     check_prompt_lengths(trace, trace_name)  # before vLLM's import, so a worker fails fast
-    from fairway.vllm import offline, probe  # lazy: imports vLLM (~5-10 s)
+    from fairway.vllm import offline  # lazy: imports vLLM (~5-10 s)
     from fairway.vllm.scheduler import FairwayScheduler
 
     started = time.perf_counter()
@@ -404,7 +407,7 @@ def replay(
     scheduler.set_fairway_clock(clock)
     if hooks is not None and hooks.on_start is not None:
         hooks.on_start(scheduler)
-    loop = _Loop(trace, scheduler, cost, clock, offline, probe, block_size, progress, hooks)
+    loop = _Loop(trace, scheduler, cost, clock, block_size, progress, hooks)
     loop.run()
     wall = time.perf_counter() - started
     settings = _settings(trace, policy, scheduler, cost, sizing, loop)
@@ -429,15 +432,15 @@ def replay(
 class _Loop:
     """The event loop of one replay: arrivals, steps, clock, recording."""
 
-    def __init__(self, trace: Trace, scheduler: Any, cost: StepTimeModel, clock: VirtualClock,
-                 offline: Any, probe: Any, block_size: int, progress: bool,
+    def __init__(self, trace: Trace, scheduler: Scheduler, cost: StepTimeModel,
+                 clock: VirtualClock, block_size: int, progress: bool,
                  hooks: ReplayHooks | None) -> None:
+        from fairway.vllm import offline  # lazy, as every vLLM-side import here
+
         self.requests = trace.requests
         self.scheduler = scheduler
         self.cost = cost
         self.clock = clock
-        self.offline = offline
-        self.probe = probe
         self.block_size = block_size
         self.vocab_size = int(offline.TINY_MODEL_CONFIG["vocab_size"])
         self.recorder = _Recorder(trace.requests)
@@ -471,10 +474,12 @@ class _Loop:
 
     def _admit_arrivals(self) -> None:
         """Add every request that has arrived by now (token ids built once, here)."""
+        from fairway.vllm import offline
+
         reqs, now, i = self.requests, self.clock.now, self.next_arrival
         while i < len(reqs) and reqs[i].arrival_s <= now:
             r = reqs[i]
-            self.scheduler.add_request(self.offline.make_request(
+            self.scheduler.add_request(offline.make_request(
                 r.request_id, r.token_ids(self.vocab_size), r.arrival_s, r.max_tokens,
                 block_size=self.block_size,
             ))
@@ -483,10 +488,12 @@ class _Loop:
 
     def _step(self) -> bool:
         """One engine step; False when it scheduled nothing."""
+        from fairway.vllm import internals, offline
+
         scheduler = self.scheduler
         output = scheduler.schedule()
-        scheduled = self.probe.scheduled_tokens(output)
-        spans = self.probe.scheduled_spans(scheduler, scheduled)
+        scheduled = internals.scheduled_tokens(output)
+        spans = internals.scheduled_spans(scheduler, scheduled)
         start = self.clock.now
         if spans:
             self.clock.advance(self.cost.step_time_s([(s, e) for s, e, _ in spans.values()]))
@@ -494,8 +501,8 @@ class _Loop:
             for request_id, (s, e, prompt) in spans.items():
                 self.recorder.scheduled(request_id, s, e, prompt, start, end)
             self.num_steps += 1
-        model_output = self.offline.fake_model_output(scheduler, output)
-        finished = self.offline.finished_ids(scheduler.update_from_output(output, model_output))
+        model_output = offline.fake_model_output(scheduler, output)
+        finished = offline.finished_ids(scheduler.update_from_output(output, model_output))
         for request_id in finished:  # only errors remain: a finished prefill has its token
             self.recorder.fail(request_id, self._failure(request_id))
         if self.on_step is not None and spans:
@@ -504,9 +511,11 @@ class _Loop:
         return bool(spans) or bool(finished)
 
     def _failure(self, request_id: str) -> str:
+        from fairway.vllm import internals
+
         i = self.recorder.index[request_id]
         tokens = self.requests[i].prompt_tokens
-        blocks = self.probe.usable_blocks(self.scheduler)
+        blocks = internals.usable_blocks(self.scheduler)
         return (
             f"finished by the engine without a first token (a {tokens}-token prompt; the KV "
             f"cache has {blocks} usable blocks of {self.block_size} tokens)"

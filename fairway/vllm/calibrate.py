@@ -3,9 +3,9 @@
 Also the step log (option `step_log`): the same step times and chunks, one JSON line per step,
 so a step-time model can be checked against the live engine offline.
 
-Times each engine step, reads its chunks from vLLM's `SchedulerOutput` (by attribute; fields
-tagged below), feeds `fairway.profiling.calibration.StepTimeCalibrator` (the engine-agnostic
-fit, cost model in its docstring) and hands each snapshot table to the policy and the
+Times each engine step, reads its chunks from vLLM's `SchedulerOutput` (`internals.step_chunks`),
+feeds `fairway.profiling.calibration.StepTimeCalibrator` (the engine-agnostic fit, cost model in
+its docstring) and hands each snapshot table to the policy and the
 `fairway:calibrated_prefill_seconds` gauge. Imports no vLLM module (it reads vLLM objects), so
 logging goes through the `fairway` logger, to which the plugin attaches vLLM's handlers.
 """
@@ -21,30 +21,12 @@ from typing import Any
 
 from fairway.profiling.calibration import StepTimeCalibrator
 from fairway.profiling.table import PrefillProfile
+from fairway.vllm import internals
 
 logger = logging.getLogger(__name__)
 
 #: Lengths of the published `fairway:calibrated_prefill_seconds` series (those <= max_model_len).
 GAUGE_LENGTHS = (512, 2048, 8192, 32768)
-
-
-def step_chunks(scheduler_output: Any) -> list[tuple[int, int]]:
-    """(new_tokens, computed_before) per request of a vLLM `SchedulerOutput` (read-only).
-
-    `num_computed_tokens` in the output is the value before this step: vLLM builds the request
-    data before it advances the counters (`_update_after_schedule`).
-    """
-    scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens  # vLLM internal
-    chunks = [
-        (scheduled.get(req.req_id, 0), req.num_computed_tokens)  # vLLM internal: NewRequestData
-        for req in scheduler_output.scheduled_new_reqs
-    ]
-    cached = scheduler_output.scheduled_cached_reqs  # vLLM internal: CachedRequestData
-    chunks += [
-        (scheduled.get(req_id, 0), computed)
-        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=False)
-    ]
-    return [(n, p) for n, p in chunks if n > 0]
 
 
 _gauge: Any = None
@@ -70,8 +52,8 @@ class StepLog:
     """Appends one JSON line per timed engine step: {"t", "s", "chunks": [[new, before], ...]}.
 
     `t` is the wall-clock time the step's output arrived, `s` its measured seconds (see
-    `SchedulerCalibration`), `chunks` what `step_chunks` reads from vLLM's output. Line-buffered,
-    so a killed server loses at most the line being written.
+    `SchedulerCalibration`), `chunks` what `internals.step_chunks` reads from vLLM's output.
+    Line-buffered, so a killed server loses at most the line being written.
     """
 
     def __init__(self, path: str) -> None:
@@ -158,7 +140,7 @@ class SchedulerCalibration:
 
     def observe_step(self, scheduler_output: Any, step_seconds: float) -> None:
         """Feed one step (its scheduler output and measured seconds); refresh now and then."""
-        chunks = step_chunks(scheduler_output)
+        chunks = internals.step_chunks(scheduler_output)
         if self.step_log is not None:
             self.step_log.write(chunks, step_seconds)
         if not self.fit:
@@ -202,7 +184,7 @@ def for_scheduler(scheduler: Any) -> SchedulerCalibration | None:
     log_path = getattr(options, "step_log", None)
     if not fit and not log_path:
         return None
-    config = scheduler.vllm_config  # vLLM internal: Scheduler.vllm_config
+    config = internals.vllm_config(scheduler)
     metrics = getattr(scheduler, "fairway_metrics", None)
     calibrator = StepTimeCalibrator(int(config.scheduler_config.max_num_batched_tokens))
     return SchedulerCalibration(

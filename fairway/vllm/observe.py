@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fairway.errors import FairwayConfigError
+from fairway.vllm import internals
 from fairway.vllm.decisions import DecisionTrace, TraceSettings
 from fairway.vllm.metrics import NO_LANE, LatencyMetrics, cache_label
 
@@ -45,19 +46,18 @@ class StepObserver:
         sched = self.scheduler
         try:
             now = sched.fairway_clock()
-            new = [r for r in output.scheduled_new_reqs if r.req_id in sched.requests]
+            new = internals.new_requests(sched, output)
             if self.latency is not None and new:
                 lanes = _lanes_by_id(placed)
-                for data in new:
-                    request = sched.requests[data.req_id]  # vLLM internal: Scheduler.requests
+                for request_id, request, computed in new:
                     if request.num_preemptions:  # resumed, not a first admission
                         continue
-                    cache = cache_label(data.num_computed_tokens, request.num_prompt_tokens)
-                    lane = lanes.get(data.req_id, NO_LANE)
+                    cache = cache_label(computed, request.num_prompt_tokens)
+                    lane = lanes.get(request_id, NO_LANE)
                     self.latency.observe_queue(cache, lane, now - request.arrival_time)
-                    self._pending[data.req_id] = (request, cache)
+                    self._pending[request_id] = (request, cache)
             if self.trace is not None:
-                self._trace(output, placed, now, [r.req_id for r in new])
+                self._trace(output, placed, now, [request_id for request_id, _, _ in new])
         except Exception as exc:  # noqa: BLE001 - reporting must never stop the engine
             sched._fairway_fallback(exc, "recording queue metrics / the decision trace",
                                     "the step's output is unchanged")
@@ -80,7 +80,7 @@ class StepObserver:
         try:
             now = sched.fairway_clock()
             self._updates += 1
-            reported = _reported_ids(result, len(pending))
+            reported = internals.reported_ids(result, len(pending))
             if reported is None or self._updates >= SWEEP_EVERY:
                 self._updates = 0
                 reported = list(pending)
@@ -100,10 +100,10 @@ class StepObserver:
 
     def _trace(self, output: SchedulerOutput, placed: Any, now: float, new: list[str]) -> None:
         sched = self.scheduler
-        scheduled = output.num_scheduled_tokens
-        if placed is None and not new and not len(sched.waiting):
+        scheduled = internals.scheduled_tokens(output)
+        if placed is None and not new and not len(internals.waiting_queue(sched)):
             return  # nothing was waiting: no decision to record
-        resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
+        resumed = internals.resumed_ids(output)
         ordering = sched.fairway_last_ordering
         self.trace.after_step(  # type: ignore[union-attr]
             now=now,
@@ -126,21 +126,6 @@ class StepObserver:
 
 #: `after_update` checks every pending request at least this often (in updates).
 SWEEP_EVERY = 64
-
-
-def _reported_ids(result: Any, limit: int) -> list[str] | None:
-    """Ids of the requests in `update_from_output`'s result (vLLM internal: a dict of client
-    index -> `EngineCoreOutputs`, whose `outputs` carry `request_id`); None if it has another
-    shape or more than `limit` of them (then checking the pending requests costs less)."""
-    if not isinstance(result, dict):
-        return None
-    ids: list[str] = []
-    for outputs in result.values():
-        items = getattr(outputs, "outputs", None)
-        if not isinstance(items, list) or len(ids) + len(items) > limit:
-            return None
-        ids += [item.request_id for item in items]
-    return ids
 
 
 def _lanes_by_id(placed: Any) -> dict[str, str]:

@@ -1,342 +1,35 @@
-"""Side-effect-free, incremental cached-prefix lookup, and every private vLLM access Fairway makes.
+"""`PrefixProbe`: the one object the scheduler holds for the waiting queue's cached prefixes.
 
-Each function here that touches a vLLM internal is tagged `# vLLM internal: <name>`;
-`tests/integration/test_compat_names.py` asserts each of those names exists, and
-`check_internals()` runs the same checks when a Fairway scheduler starts.
-
-Why incremental: vLLM's lookup (`KVCacheCoordinator.find_longest_cache_hit`) walks the request's
-block hashes from the start, ~1 us per cached block on a CPU core, so re-probing 1,000 waiting
-16k-token prompts every step would cost ~0.5 s. A waiting request's hit changes only if
-(a) the last block of its hit chain was evicted or (b) its next block got cached. `PrefixProbe`
-memoizes per request the hash keys of those two blocks and indexes the requests by them, so a step
-checks (a) with one C-level set difference against the block pool's hash map, (b) by looking up
-only the keys cached since the last step (the hash map is an insertion-ordered dict; see
-`PrefixProbe._grown_keys`), and does Python work only for the requests whose hit changed. A new
-request (or one whose tail was evicted) is looked up by a search over its block hashes that
-gallops from a likely length (the memo's minus one; for a new request the last hit of a request
-with the same first block); new requests are looked up at most `probe_budget` per step, oldest
-first (a burst is spread over steps and its requests are ordered as misses until probed). The
-queue's fields live in numpy columns by row (`QueueColumns`), so the policies order arrays, not
-per-request Python objects.
-
-Why checking the last block suffices (full-attention, single KV-cache group, the only mode the
-incremental path is used in): vLLM frees a request's blocks tail first and appends them to the LRU
-end of the free queue, and a request that holds block i of a chain holds blocks 0..i-1 too. So an
-ancestor always sits behind its descendants in eviction order; while the last memoized block keeps
-its hash, every earlier block of the chain is still cached. The same argument makes the cached
-blocks of a chain prefix-closed, which is what the binary search relies on. (Exception: a KV
-connector's `evict_blocks()` after a failed KV load may drop interior blocks; the memo then
-overstates the hit until the last block goes too. Ordering is then slightly off; admission stays
-exact, because vLLM does its own lookup at admission.)
+It joins the slot table (`queue_slots.QueueSlots`: the queue's columns by slot, the snapshot the
+policies order, the rearranging) and the cached-prefix memo (`prefix_memo.PrefixMemo`: the
+incremental lookup of each waiting request's hit) behind the calls the scheduler makes each step.
+Both are side-effect free towards vLLM: they read its objects, through `fairway.vllm.internals`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import partial
-from itertools import islice, repeat
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group_id
-from vllm.v1.core.sched.request_queue import FCFSRequestQueue
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request, RequestStatus
 
 from fairway.policies.queue import HeadOrder, QueueColumns
+from fairway.vllm.prefix_memo import PROBE_BUDGET, PrefixMemo
+from fairway.vllm.queue_slots import QueueSlots, QueueSnapshot
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-
-# --- scheduler and request fields -----------------------------------------------------------------
-
-
-def waiting_queue(scheduler: Scheduler) -> FCFSRequestQueue:
-    """The queue Fairway orders: new and preempted requests that hold no KV blocks."""
-    return scheduler.waiting  # vLLM internal: Scheduler.waiting
-
-
-def reorder_queue(queue: FCFSRequestQueue, requests: Sequence[Request]) -> None:
-    """Replace the deque's contents by `requests` (a permutation of them), in place.
-
-    In place because vLLM holds the queue object; the order survives until the scan pops it.
-    """
-    queue.clear()  # vLLM internal: FCFSRequestQueue is a deque
-    queue.extend(requests)
-
-
-def kv_cache_manager(scheduler: Scheduler) -> KVCacheManager:
-    """The scheduler's KV cache manager."""
-    return scheduler.kv_cache_manager  # vLLM internal: Scheduler.kv_cache_manager
-
-
-def block_pool(scheduler: Scheduler) -> BlockPool:
-    """The block pool (free queue, hash map) behind the scheduler's KV cache."""
-    return scheduler.kv_cache_manager.block_pool  # vLLM internal: KVCacheManager.block_pool
-
-
-def request_fields(request: Request) -> tuple[str, float, int]:
-    """(request_id, arrival_time, num_tokens = prompt + output so far)."""
-    # vLLM internal: Request.request_id / arrival_time / num_tokens
-    return request.request_id, request.arrival_time, request.num_tokens
-
-
-def free_slots(scheduler: Scheduler) -> int:
-    """How many waiting requests vLLM's step may still start: its free request slots.
-
-    vLLM's admission loop stops at once when `running` (plus paused streaming sessions) fills
-    `max_num_active_reqs` (0.32; `max_num_running_reqs`, the slot count, elsewhere). Preemption in
-    the step only sends requests back to the queue and also stops admission.
-    """
-    # vLLM internal: Scheduler.running / max_num_active_reqs / num_waiting_for_streaming_input
-    limit = getattr(scheduler, "max_num_active_reqs", None)
-    if not isinstance(limit, int):
-        limit = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
-    paused = getattr(scheduler, "num_waiting_for_streaming_input", 0)
-    return max(0, limit - len(scheduler.running) - (paused if isinstance(paused, int) else 0))
-
-
-def can_admit(scheduler: Scheduler) -> bool:
-    """False when vLLM's step cannot start a waiting request: every request slot is taken."""
-    return free_slots(scheduler) > 0
-
-
-def scan_bound(scheduler: Scheduler, free: int | None = None) -> int | None:
-    """How many positions of the waiting queue vLLM's scan can reach this step; None: any.
-
-    The scan starts at most `free_slots` requests, taken from the head in order, and reads one
-    more position for each request it skips without starting it. Requests it skipped in earlier
-    steps and that still wait (`deferred_waiting`: grammar not ready, remote KV loading, stale
-    output) are counted as possible skips. The LoRA limit and a KV connector can skip any request,
-    so with either configured the bound is None (order the whole queue). `free`: `free_slots`,
-    if the caller has it.
-    """
-    # vLLM internal: Scheduler.lora_config / connector (absent: assume they may skip)
-    if getattr(scheduler, "lora_config", True) is not None:
-        return None
-    if getattr(scheduler, "connector", True) is not None:
-        return None
-    return (free_slots(scheduler) if free is None else free) + deferred_count(scheduler)
-
-
-def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
-    """Tokens scheduled per request id in one step."""
-    return output.num_scheduled_tokens  # vLLM internal: SchedulerOutput.num_scheduled_tokens
-
-
-def started_ids(output: SchedulerOutput) -> Iterable[str]:
-    """Ids of the requests a step took from the waiting queue: new ones and resumed ones (every
-    scheduled request when the output lacks those fields), without the running ones' decodes."""
-    # vLLM internal: SchedulerOutput.scheduled_new_reqs / CachedRequestData.resumed_req_ids
-    resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None)
-    if resumed is None:
-        return output.num_scheduled_tokens.keys()
-    new = output.scheduled_new_reqs
-    if not resumed:
-        return [data.req_id for data in new]
-    return [*(data.req_id for data in new), *resumed]
-
-
-def prefill_tokens(scheduler: Scheduler, output: SchedulerOutput) -> int:
-    """Tokens of this step that computed prompt positions (prefill), summed over requests.
-
-    Called after `schedule()`, when vLLM has already advanced `num_computed_tokens` by the
-    scheduled count: a request was prefilling if it started the step below its prompt length.
-    A resumed preempted request recomputes prompt + earlier output, all of it counted.
-    """
-    requests = scheduler.requests  # vLLM internal: Scheduler.requests
-    total = 0
-    for req_id, n in output.num_scheduled_tokens.items():
-        request = requests.get(req_id)
-        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
-        if request is not None and request.num_computed_tokens - n < request.num_prompt_tokens:
-            total += n
-    return total
-
-
-def scheduled_spans(
-    scheduler: Scheduler, scheduled: Mapping[str, int]
-) -> dict[str, tuple[int, int, int]]:
-    """request id -> (start, end, prompt tokens) of the positions each request computes this step.
-
-    Read after `schedule()`, which has already advanced `num_computed_tokens` by the scheduled
-    count, so the span is [computed - n, computed). Used by the virtual replay's cost model.
-    """
-    requests = scheduler.requests  # vLLM internal: Scheduler.requests
-    spans = {}
-    for request_id, n in scheduled.items():
-        request = requests[request_id]
-        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
-        end = request.num_computed_tokens
-        spans[request_id] = (end - n, end, request.num_prompt_tokens)
-    return spans
-
-
-def deferred_count(scheduler: Scheduler) -> int:
-    """How many waiting requests vLLM skipped (blocked status etc.); bounds the admission scan."""
-    return len(scheduler.deferred_waiting)  # vLLM internal: Scheduler.deferred_waiting
-
-
-def report_request_error(scheduler: Scheduler, request_id: str) -> bool:
-    """Have vLLM finish a waiting request with FINISHED_ERROR at the next `update_from_output`.
-
-    vLLM finishes a waiting request with an error output delivered to its client only from
-    `update_from_output`, via the id sets it drains there (0.32; the same set exists in the
-    upstream versions around it); `grammar_compile_error_reqs` is the one that needs no other
-    state. Returns False (nothing done) if the set is missing: the request then only stays last.
-    """
-    errors = getattr(scheduler, "grammar_compile_error_reqs", None)  # vLLM internal
-    if not isinstance(errors, set):
-        return False
-    errors.add(request_id)
-    return True
-
-
-def block_size_of(manager: KVCacheManager) -> int:
-    """Tokens per block of the (first) KV-cache group."""
-    managers = manager.coordinator.single_type_managers  # vLLM internal
-    return int(managers[0].block_size) if managers else 1
-
-
-def usable_blocks(scheduler: Scheduler) -> int:
-    """KV blocks a single request could ever hold: the pool minus vLLM's null block."""
-    return block_pool(scheduler).num_gpu_blocks - 1  # vLLM internal: BlockPool.num_gpu_blocks
-
-
-def _eagle_groups(coordinator: Any) -> set[int]:
-    # vLLM internal: KVCacheCoordinator.eagle_group_ids (0.33 adds drop_eagle_group_ids)
-    groups = getattr(coordinator, "drop_eagle_group_ids", None)
-    if groups is None:
-        groups = getattr(coordinator, "eagle_group_ids", set())
-    return set(groups)
-
-
-# --- the probe ------------------------------------------------------------------------------------
-
-#: Requests probed for the first time per step, oldest first. A burst of arrivals is spread over
-#: steps: a request not yet probed is ordered as if nothing of it were cached (h = 0).
-PROBE_BUDGET = 1_024
-
-_ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
-#: vLLM's hash-map key of a block hash in KV-cache group 0 is the hash followed by these bytes
-#: (`make_block_hash_with_group_id`, 0.32: the group id in 4 big-endian bytes). The incremental
-#: probe appends them itself, one Python call less per hash-map read, and runs only where that
-#: holds (`_keys_are_suffixed`).
-_GROUP0_SUFFIX = make_block_hash_with_group_id(b"", 0)  # vLLM internal: the key's encoding
-
-
-def _keys_are_suffixed() -> bool:
-    """Whether vLLM builds a group-0 key by appending `_GROUP0_SUFFIX` to the block hash."""
-    sample = bytes(range(32))
-    return make_block_hash_with_group_id(sample, 0) == sample + _GROUP0_SUFFIX
-
-
-#: Requests vLLM may have put back at the head of the queue that `_match` looks past.
-_MAX_HEAD = 256
-#: Steps after which `advance()` checks every waiting request's next block against the cache
-#: even when the walk over the newly cached keys proved that nothing else was cached.
-FULL_CHECK_EVERY = 32
-#: Most first-block hints `PrefixProbe._lookup` keeps (cleared when full: they are only guesses).
-_MAX_HINTS = 4_096
-#: Keys `_grown_keys` reads from the hash map's end at a time.
-_WALK_CHUNK = 256
-_request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
-#: `arrange` rebuilds the queue by list slices (one per moved row) when at most
-#: max(_MIN_MOVED, n / _MOVED_SHARE) rows moved to the front, else by one gather of all n rows:
-#: measured on CPython 3.11 and numpy 2, the two cost the same near n / 20 moved rows.
-_MIN_MOVED = 8
-_MOVED_SHARE = 20
-
-
-def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any) -> list[str]:
-    """Request ids of ordered rows (`QueueColumns.ids_source`): row i is the request at
-    `current[positions[i]]`, or at `current[i]` when no request was set apart."""
-    if isinstance(rows, slice):
-        picked = current if positions is None else [current[i] for i in positions.tolist()]
-        return list(map(_request_id, picked[rows]))
-    index = np.asarray(rows, dtype=np.intp)
-    if positions is not None:
-        index = positions[index]
-    return [current[i].request_id for i in index.tolist()]  # vLLM internal: Request.request_id
-
-
-def _equal_tail(
-    current: list[Request], head: int, last: list[Request], start: int, arrivals: list[Request],
-    split: int,
-) -> bool:
-    """Whether `current[head:]` is `last[start:]` followed by `arrivals` (from `arrivals[split]`
-    when split >= 0). Identity-first list comparisons (C loops); a side that is a whole list is
-    compared without copying it."""
-    if split >= 0:
-        return current[head:] == arrivals[split:]
-    kept = len(last) - start
-    end = head + kept
-    ours = current if head == 0 and end == len(current) else current[head:end]
-    if ours != (last if start == 0 else last[start:]):
-        return False
-    return len(current) == end + len(arrivals) and current[end:] == arrivals
-
-
-def _move_to_front(current: list[Request], rows: list[int]) -> list[Request]:
-    """`current` with the requests at `rows` moved to the front, in that order: C-level list
-    slices between the moved positions instead of one Python object per request."""
-    queue = [current[i] for i in rows]
-    start = 0
-    for i in sorted(rows):
-        queue += current[start:i]
-        start = i + 1
-    queue += current[start:]
-    return queue
-
-
-@dataclass(slots=True, eq=False)
-class _Hit:
-    """Memo of one waiting request for one stint in the queue (dropped when it leaves).
-
-    While a request waits its tokens, arrival and status do not change, only the cache around it.
-    """
-
-    request: Request
-    #: Row of the request in the probe's columns; -1 once it left (or for a one-off lookup).
-    slot: int
-    arrival: float
-    num_tokens: int
-    #: (num_tokens - 1) // block_size: the hit never covers the last token.
-    cap: int
-    #: Hit length in blocks.
-    blocks: int = 0
-    #: Hash key of block `blocks` (the next one to look for; growth check); None: cannot grow.
-    next_key: bytes | None = None
-    #: Hash key of block `blocks - 1` (the chain's tail; eviction check); None: no hit.
-    last_key: bytes | None = None
-    #: False until the first lookup (a burst is probed over several steps).
-    probed: bool = False
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 
 class PrefixProbe:
     """Cached-prefix length of waiting requests, without touching vLLM's state, and the queue's
     fields as numpy columns for the policies.
 
-    Read-only: no ref counts, no free-queue moves, no prefix-cache stats, no KV events (it reads the
-    block pool's hash map directly, not `get_computed_blocks`). Block-granular and capped at
-    `num_tokens - 1` like vLLM's own lookup (the last token is always computed).
-
-    Cost per step (incremental path, see the module docstring): one C-level comparison with the
-    last arranged queue to find the rows (a dict lookup per request when that fails), one lookup
-    in the next-block index per key cached since the last step (growth; every next key is checked
-    by one C-level intersection every `FULL_CHECK_EVERY` steps), one C-level difference of the
-    distinct chain-tail keys with the hash map (eviction), and Python work only for the requests
-    whose hit changed. A new request costs one lookup: a search over its block hashes from the
-    hit last found for its first block (1-2 hash-map reads when they share the prefix, at most
-    ~2 log2(blocks) otherwise), valid because the cached blocks of a chain are prefix-closed in
-    that mode. At most `probe_budget` new requests are looked up per step, oldest first.
+    A request is registered (a slot and a memo) when vLLM appends it to the queue
+    (`note_arrival`), when a snapshot first finds it there, or when it is looked up on its own
+    (`cached_tokens`), and dropped when it leaves (`forget`, or absent from a snapshot).
     """
 
     def __init__(
@@ -348,81 +41,15 @@ class PrefixProbe:
         keep_preempted_first: bool = True,
         probe_budget: int = PROBE_BUDGET,
     ) -> None:
-        self._manager = manager
-        self._coordinator = manager.coordinator  # vLLM internal: KVCacheManager.coordinator
-        self._pool = manager.block_pool  # vLLM internal: KVCacheManager.block_pool
-        self._hash_map: Any = None
-        self._cache: dict[bytes, Any] | None = None
-        self._cache_get: Callable[[bytes], Any] = dict().get
-        self._bind()
-        self.caching = caching
-        self.block_size = block_size_of(manager)
-        self.incremental = (
-            caching and self._cache is not None and self._supports_incremental(self._pool)
-        )
+        self.memo = PrefixMemo(manager, caching=caching, probe_budget=probe_budget)
         #: Requests longer than this cannot fit in an empty cache (kept last, never probed).
         self.max_tokens = max_tokens if max_tokens is not None else 2**62
-        #: PREEMPTED requests stay at the head in their order (vLLM's rule) instead of ordered.
-        self.keep_preempted_first = keep_preempted_first
-        if probe_budget < 1:
-            raise ValueError(f"probe_budget must be >= 1, got {probe_budget}")
-        self.probe_budget = probe_budget
-        #: Lookups by kind since construction (tests and the benchmark read them).
-        self.num_full_lookups = 0
-        self.num_extensions = 0
-        self._slot_of: dict[Request, int] = {}
-        self._hits: list[_Hit | None] = []
-        self._free: list[int] = []
-        self._pending: list[_Hit] = []  # not yet probed; oldest first once sorted
-        self._pending_sorted = True
-        self._by_next: dict[bytes, set[_Hit]] = {}
-        # The hash map's newest key, its block and the key before it at the last `advance()`,
-        # and the steps since the last check of every next key (see `_grown_keys`).
-        self._newest: tuple[bytes | None, Any, bytes | None] = (None, None, None)
-        self._since_full = 0
-        self._by_last: dict[bytes, set[_Hit]] = {}
-        #: First block hash -> the hit length (blocks) last found for a request starting with it.
-        self._hints: dict[bytes, int] = {}
-        # The last arranged queue, its rows, and the requests noted since (see `_match`).
-        self._last_queue: list[Request] | None = None
-        self._last_slots = np.zeros(0, dtype=np.intp)
-        self._arrivals: list[Request] = []
-        self._arrival_slots: list[int] = []
-        # Columns by slot.
-        #: Live requests whose kind is not _ORDERED (`snapshot` splits the queue only if any).
-        self._num_special = 0
-        self._live = np.zeros(0, dtype=bool)
-        self._given = np.zeros(0, dtype=bool)  # handed to the policy at least once
-        self._kind = np.zeros(0, dtype=np.int8)
-        self._arrival = np.zeros(0, dtype=np.float64)
-        self._prompt = np.zeros(0, dtype=np.int64)
-        self._cached = np.zeros(0, dtype=np.int64)
-        self._request_of = np.zeros(0, dtype=object)
-
-    def _bind(self) -> None:
-        """(Re)read the pool's hash map; vLLM replaces it on `reset_prefix_cache()`."""
-        hash_map = self._pool.cached_block_hash_to_block  # vLLM internal: BlockPool hash map
-        self._hash_map = hash_map
-        raw = getattr(hash_map, "_cache", None)  # vLLM internal: BlockHashToBlockMap._cache
-        if isinstance(raw, dict):
-            self._cache, self._cache_get = raw, raw.get
-        else:  # the private dict is gone: the public getter, and no set-based checks
-            self._cache, self._cache_get = None, hash_map.get_one_block
-
-    def _supports_incremental(self, pool: BlockPool) -> bool:
-        """The memo is exact only for one full-attention group hashed at the block size."""
-        coordinator = self._coordinator
-        if not isinstance(coordinator, UnitaryKVCacheCoordinator):
-            return False
-        manager = coordinator.single_type_managers[0]
-        return (
-            type(manager) is FullAttentionManager
-            and not _eagle_groups(coordinator)  # EAGLE drops the last hit block
-            and pool.hash_block_size == manager.block_size  # vLLM internal: hash_block_size
-            and getattr(coordinator, "dcp_world_size", 1) == 1
-            and getattr(coordinator, "pcp_world_size", 1) == 1
-            and _keys_are_suffixed()
+        self.slots = QueueSlots(
+            max_tokens=self.max_tokens, keep_preempted_first=keep_preempted_first
         )
+        self.caching = caching
+        self.block_size = self.memo.block_size
+        self.incremental = self.memo.incremental
 
     # --- one request ------------------------------------------------------------------------------
 
@@ -431,200 +58,25 @@ class PrefixProbe:
 
         Registers the request (its memo is dropped at the next `snapshot` if it is not waiting).
         """
-        self._check_map()
-        slot = self._slot_of.get(request)
-        hit = self._hits[slot] if slot is not None else None
-        if hit is None:
-            hit = self._hits[self._register(request)]
-            assert hit is not None
-        if not hit.probed:
-            self._first(hit)
-        elif not self.incremental:
-            self._lookup(hit)
-        else:
-            self._verify(hit)
-        return hit.blocks * self.block_size if self.incremental else int(self._cached[hit.slot])
+        self.memo.check_map()
+        slot = self.slots.slot_of.get(request)
+        if slot is None:
+            slot = self._register(request)
+        return self.memo.cached_tokens(slot)
 
     def known_cached_tokens(self, request: Request) -> int | None:
         """h as the policy would see it now, without probing (None: not looked up yet)."""
-        slot = self._slot_of.get(request)
-        hit = self._hits[slot] if slot is not None else None
-        return int(self._cached[slot]) if hit is not None and hit.probed else None
+        slot = self.slots.slot_of.get(request)
+        return None if slot is None else self.memo.known_cached_tokens(slot)
 
     def fresh_cached_tokens(self, request: Request) -> int:
         """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
-        if not self.caching or not self._manager.prefix_cache_lookup_enabled(request):
-            return 0  # vLLM internal: KVCacheManager.prefix_cache_lookup_enabled
-        result = self._coordinator.find_longest_cache_hit(  # vLLM internal
-            request.block_hashes, request.num_tokens - 1
-        )
-        return int(result[1])
+        return self.memo.fresh_cached_tokens(request)
 
     def hit_blocks(self, request: Request) -> list[KVCacheBlock]:
         """The cached blocks of a waiting request's hit, first block first (read on demand)."""
-        slot = self._slot_of.get(request)
-        hit = self._hits[slot] if slot is not None else None
-        if hit is None or not hit.probed or not self._cached[hit.slot]:
-            return []
-        if not self.incremental:
-            groups = self._coordinator.find_longest_cache_hit(  # vLLM internal
-                request.block_hashes, hit.num_tokens - 1
-            )[0]
-            return list(groups[0]) if len(groups) == 1 else [b for g in groups for b in g]
-        hashes = request.block_hashes  # vLLM internal: Request.block_hashes
-        blocks = []
-        for i in range(hit.blocks):
-            block = _one_block(self._cache_get(hashes[i] + _GROUP0_SUFFIX))
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks
-
-    def _verify(self, hit: _Hit) -> None:
-        """The steady-state checks of one memo (the batch version is in `_refresh`)."""
-        cache_get = self._cache_get
-        if hit.last_key is not None and cache_get(hit.last_key) is None:
-            self._lookup(hit, evicted=True)
-        elif hit.next_key is not None and cache_get(hit.next_key) is not None:
-            self._extend(hit)
-
-    def _first(self, hit: _Hit) -> None:
-        hit.probed = True
-        if not self.caching or not self._manager.prefix_cache_lookup_enabled(hit.request):
-            return  # vLLM skips the lookup for this request (prompt logprobs, pooling): h = 0
-        self._lookup(hit)
-
-    def _lookup(self, hit: _Hit, evicted: bool = False) -> None:
-        """From-scratch lookup of a new request, or of one whose chain's tail was evicted
-        (`evicted`: the hit is now shorter than its memo).
-
-        The cached blocks of a chain are prefix-closed (see the module docstring), so "block i
-        is cached" is monotone in i and the hit's end is found by galloping from a likely length
-        (`_cached_prefix_near`): the memo's length minus one after an eviction (the tail block
-        goes first), or for a new request the length last found for a request with the same
-        first block (`_hints`: shared system prompts and documents); a few hash-map reads when
-        the guess is close, instead of a binary search over the whole prompt (~log2(blocks))."""
-        self.num_full_lookups += 1
-        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
-        if not self.incremental:
-            result = self._coordinator.find_longest_cache_hit(  # vLLM internal
-                hashes, hit.num_tokens - 1
-            )
-            self._set(hit, int(result[1]) // self.block_size, int(result[1]))
-            return
-        cache = self._cache
-        assert cache is not None
-        limit = min(hit.cap, len(hashes))
-        if evicted:
-            limit = min(limit, hit.blocks - 1)
-            blocks = _cached_prefix_near(cache, hashes, limit, limit)
-        elif limit:
-            hints = self._hints
-            blocks = _cached_prefix_near(cache, hashes, min(hints.get(hashes[0], 0), limit), limit)
-            if len(hints) >= _MAX_HINTS:
-                hints.clear()
-            hints[hashes[0]] = blocks
-        else:
-            blocks = 0
-        self._set(hit, blocks)
-
-    def _shrink(self, group: list[_Hit]) -> None:
-        """Re-look up the hits whose chain tail (one hash key) was evicted: the key is a chain
-        hash, so they share every block up to it and their new hit is the same: one search."""
-        if not group:
-            return
-        first, *others = group
-        self._lookup(first, evicted=True)
-        if others:  # the first's new end lies within the shared chain: the same keys
-            self._set_many(others, first.blocks, first.next_key, first.last_key)
-
-    def _extend(self, hit: _Hit) -> None:
-        """Probe forward from the memoized length: the hit grew since the last step.
-
-        Block `hit.blocks` is cached (that is why it is extended), so the new end is found by
-        galloping up from there (`_cached_prefix_near`): O(log g) hash-map reads for a growth of
-        g blocks (a re-cached 8k-token prefix is 512 blocks)."""
-        self.num_extensions += 1
-        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
-        cache = self._cache
-        assert cache is not None
-        limit = min(hit.cap, len(hashes))
-        self._set(hit, _cached_prefix_near(cache, hashes, hit.blocks, limit, at_least=True))
-
-    def _extend_group(self, group: list[_Hit]) -> None:
-        """Extend the hits whose next block (one hash key) got cached. The key is a chain hash,
-        so they share every block up to it: the first is searched (`_extend`), and another one
-        that also shares the first's last hit block (one hash comparison) has at least the
-        first's hit, and exactly it when the block after it is the first's too (then not cached,
-        or the first's search would have passed it); otherwise it is searched from there, or on
-        its own when the chains part earlier."""
-        if not group:
-            return
-        first, *others = group
-        self._extend(first)
-        if not others:
-            return
-        cache = self._cache
-        assert cache is not None
-        shared = first.request.block_hashes  # vLLM internal: Request.block_hashes
-        end = first.blocks
-        stopped = end < min(first.cap, len(shared))  # at a block that is not cached
-        same: list[_Hit] = []  # the first's end and keys
-        capped: list[_Hit] = []  # the first's end, no next block
-        for hit in others:
-            hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
-            limit = min(hit.cap, len(hashes))
-            if end > limit or hashes[end - 1] != shared[end - 1]:
-                self._extend(hit)  # the chains part before the first's end
-                continue
-            self.num_extensions += 1
-            if end == limit:
-                capped.append(hit)
-            elif stopped and hashes[end] == shared[end]:
-                same.append(hit)
-            else:
-                self._set(hit, _cached_prefix_near(cache, hashes, end, limit, at_least=True))
-        if same:
-            self._set_many(same, end, first.next_key, first.last_key)
-        if capped:
-            self._set_many(capped, end, None, first.last_key)
-
-    def _set_many(
-        self, hits: list[_Hit], blocks: int, next_key: bytes | None, last_key: bytes | None
-    ) -> None:
-        """`_set(hit, blocks)` for hits known to get these keys (chains shared through them):
-        the columns in one assignment, the index moves a set at a time."""
-        old_next: dict[bytes | None, list[_Hit]] = {}
-        old_last: dict[bytes | None, list[_Hit]] = {}
-        for hit in hits:
-            hit.blocks = blocks
-            old_next.setdefault(hit.next_key, []).append(hit)
-            old_last.setdefault(hit.last_key, []).append(hit)
-            hit.next_key, hit.last_key = next_key, last_key
-        self._cached[[hit.slot for hit in hits]] = blocks * self.block_size
-        _move_many(self._by_next, hits, old_next, next_key)
-        _move_many(self._by_last, hits, old_last, last_key)
-
-    def _set(self, hit: _Hit, blocks: int, tokens: int | None = None) -> None:
-        """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
-        hit.blocks = blocks
-        if hit.slot >= 0:
-            self._cached[hit.slot] = blocks * self.block_size if tokens is None else tokens
-        if not self.incremental:
-            return
-        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
-        last_key = hashes[blocks - 1] + _GROUP0_SUFFIX if blocks else None
-        can_grow = blocks < min(hit.cap, len(hashes))
-        next_key = hashes[blocks] + _GROUP0_SUFFIX if can_grow else None
-        if hit.slot < 0:
-            hit.next_key, hit.last_key = next_key, last_key
-            return
-        if next_key != hit.next_key:
-            _move(self._by_next, hit, hit.next_key, next_key)
-            hit.next_key = next_key
-        if last_key != hit.last_key:
-            _move(self._by_last, hit, hit.last_key, last_key)
-            hit.last_key = last_key
+        slot = self.slots.slot_of.get(request)
+        return [] if slot is None else self.memo.hit_blocks(slot)
 
     # --- the queue --------------------------------------------------------------------------------
 
@@ -634,531 +86,87 @@ class PrefixProbe:
         Args:
             requests: the waiting queue in its current order.
         """
-        self._check_map()
+        self.memo.check_map()
         current = requests if isinstance(requests, list) else list(requests)
-        n = len(current)
-        matched = self._match(current)
-        if matched is None:  # the general path: one dict lookup per request
-            slots = np.fromiter(map(self._slot_of.get, current, repeat(-1, n)), np.intp, n)
-            unknown = bool(n) and slots.min() < 0
-        else:
-            slots, unknown = matched
-        self._arrivals, self._arrival_slots = [], []
+        slots, unknown = self.slots.find(current)
         if unknown:
             for i in np.flatnonzero(slots < 0).tolist():
                 slots[i] = self._register(current[i])
-        if len(self._slot_of) > n:  # some requests left without being admitted (aborts)
-            self._drop_absent(slots)
-        self.advance()
-        snap = QueueSnapshot(current=current, slots=slots)
-        positions = None  # position in `current` of each ordered row (None: row i is at i)
-        if self._num_special:  # else every row is ordered: no split to make
-            kind = self._kind[slots]
-            snap.fixed = [current[i] for i in np.flatnonzero(kind == _FIXED).tolist()]
-            snap.fixed_slots = slots[kind == _FIXED]
-            snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
-            snap.oversized_slots = slots[kind == _OVERSIZED]
-            if len(snap.fixed_slots) or len(snap.oversized_slots):
-                positions = np.flatnonzero(kind == _ORDERED)
-                slots = slots[positions]
-        snap.ordered_slots = slots
-        cols = QueueColumns(
-            arrival=self._arrival[slots],
-            prompt_tokens=self._prompt[slots],
-            cached_tokens=self._cached[slots],
-            keys=slots,
-            new=~self._given[slots],
-            # read later, maybe after admission: from this step's list, not the probe's rows
-            ids_source=partial(_ids_of_rows, current, positions),
-        )
-        snap.columns = cols
-        if len(slots):
-            work = cols.remaining  # kept on the columns: the policy reads it too
-            # the ufuncs' own reductions: numpy's `max()` / `min()` methods add a Python frame
-            snap.work_max, snap.work_min = int(_largest(work)), int(_smallest(work))
-        return snap
+        if len(self.slots) > len(current):  # some requests left without being admitted (aborts)
+            for slot in self.slots.absent(slots):
+                self._release(slot)
+        self.memo.advance()
+        return self.slots.split(current, slots, self.memo.cached)
 
     def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
-        """The new queue: fixed, then the ordered requests in `order`, then oversized.
-
-        `order` and `moved` as `check_order` returns them: `order[moved:]` ascends. Returns
-        `snap.current` itself (no rebuild needed) when that is already the new order. The result
-        is remembered, so that the next `snapshot` can find the rows of an unchanged queue by one
-        C-level list comparison instead of a dict lookup per request.
-        """
-        parts = [snap.ordered_slots[order]]
-        special = len(snap.fixed_slots) or len(snap.oversized_slots)
-        if special:
-            parts = [snap.fixed_slots, parts[0], snap.oversized_slots]
-        slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        # without fixed or oversized requests, row i is `current[i]`, and an order that moves a
-        # row (moved > 0) is not the identity: the queue changes
-        if (np.array_equal(slots, snap.slots) if special else moved == 0):
-            queue = snap.current
-        elif not special and moved <= max(_MIN_MOVED, len(slots) // _MOVED_SHARE):
-            queue = _move_to_front(snap.current, order[:moved].tolist())
-        else:
-            queue = self._request_of[slots].tolist()
-        self._last_queue, self._last_slots = queue, slots
-        return queue
+        """The new queue (`QueueSlots.arrange`)."""
+        return self.slots.arrange(snap, order, moved)
 
     def arrange_head(self, snap: QueueSnapshot, order: HeadOrder) -> list[Request]:
-        """`arrange` for an order given by its head (a `HeadOrder` that passed `check_head`): the
-        head's rows moved to the front by list slices (`_move_to_front`), their slots by a mask;
-        a queue with fixed or oversized requests, or a long head, through the whole order."""
-        head = order.head
-        slots = snap.ordered_slots
-        n = len(slots)
-        unmoved = head == list(range(len(head)))  # every row stays where it is
-        if len(snap.fixed_slots) or len(snap.oversized_slots) or len(head) > max(
-            _MIN_MOVED, n // _MOVED_SHARE
-        ):  # `arrange` reads `moved` only to tell an unchanged queue, and its path by size
-            return self.arrange(snap, order.full(), 0 if unmoved else len(head))
-        if unmoved:
-            queue = snap.current
-        else:
-            queue = _move_to_front(snap.current, head)
-            others = np.ones(n, dtype=bool)
-            others[head] = False
-            slots = np.concatenate((slots[head], slots[others]))
-        self._last_queue, self._last_slots = queue, slots
-        return queue
+        """The new queue for an order given by its head (`QueueSlots.arrange_head`)."""
+        return self.slots.arrange_head(snap, order)
 
-    def _match(self, current: list[Request]) -> tuple[np.ndarray, bool] | None:
-        """Rows of `current` if it is the last arranged queue with its head consumed, a few
-        requests put back at the head (skipped, preempted) and the noted arrivals at the end;
-        and whether a row is -1 (a request at the head the probe has not registered)."""
-        last = self._last_queue
-        if last is None:
-            return None
-        arrivals = self._arrivals
-        expected = len(last) + len(arrivals)
-        n = len(current)
-        for head in range(min(n, _MAX_HEAD) + 1):
-            tail = n - head
-            if tail > expected:
-                continue
-            start = expected - tail
-            if tail == 0:
-                break
-            split = start - len(last)  # where the tail starts within the arrivals, if >= 0
-            if current[head] is not (last[start] if split < 0 else arrivals[split]):
-                continue
-            if not _equal_tail(current, head, last, start, arrivals, split):
-                continue
-            slot_get = self._slot_of.get
-            heads = [slot_get(r, -1) for r in current[:head]]
-            parts = [
-                np.array(heads, dtype=np.intp),
-                self._last_slots[min(start, len(last)) :],
-                np.array(self._arrival_slots[max(split, 0) :], dtype=np.intp),
-            ]
-            return np.concatenate(parts), -1 in heads
-        return None
+    def mark_given(self, cols: QueueColumns) -> None:
+        """The policy ordered these requests: they are no longer new to it."""
+        self.slots.mark_given(cols)
 
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""
-        live = self._arrival[self._live]
-        return float(live.min()) if len(live) else float("inf")
-
-    def mark_given(self, cols: QueueColumns) -> None:
-        """The policy ordered these rows: they are no longer new to it."""
-        self._given[cols.keys] = True
+        return self.slots.oldest_arrival()
 
     def advance(self) -> None:
-        """Probe new requests (up to the budget) and re-verify every memo against the cache.
-
-        Also the whole pre-pass of a step that cannot admit anything: the hits stay current and a
-        burst keeps being probed while the running slots are full.
-        """
-        self._check_map()
-        if self._pending:
-            self._probe_pending()
-        if not self.incremental:
-            if self.caching:  # no memo to trust: every probed request is looked up again
-                for hit in self._hits:
-                    if hit is not None and hit.probed and self._kind[hit.slot] != _OVERSIZED:
-                        self._first(hit)
-            return
-        cache = self._cache
-        assert cache is not None
-        by_last = self._by_last
-        if by_last:
-            for key in set(by_last).difference(cache):  # chain tails that were evicted
-                self._shrink(list(by_last.get(key, ())))
-        by_next = self._by_next
-        if by_next:
-            for key in self._grown_keys(cache, by_next):  # next blocks that got cached
-                self._extend_group(list(by_next.get(key, ())))
-        self._since_full += 1
-        self._mark_newest(cache)
-
-    def _grown_keys(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
-        """Keys of `by_next` that may have been cached since the last `advance()`.
-
-        The hash map is a dict, so keys cached since then come after the newest key seen last
-        time (`_mark_newest`), in insertion order: a walk back from the newest key (newest first)
-        costs O(blocks cached since), instead of a check of every waiting request's next key.
-        The walk proves itself: it must meet the remembered newest key, holding the same block,
-        with the remembered second-newest key right behind it (else a key was popped and put
-        back at the end, which vLLM does when an eviction finds another block under the hash).
-        When it cannot prove it, or after `FULL_CHECK_EVERY` steps, the whole index is checked
-        (one C-level intersection), so a growth is seen at the latest that many steps late.
-        """
-        newest, block, second = self._newest
-        if (
-            newest is None
-            or self._since_full >= FULL_CHECK_EVERY
-            or cache.get(newest) is not block
-        ):
-            return self._all_grown(cache, by_next)
-        grown: list[bytes] = []
-        walk = reversed(cache)
-        while len(grown) <= len(by_next):  # else as costly as the full check: do that instead
-            chunk = list(islice(walk, _WALK_CHUNK))  # newest first, read in C
-            try:
-                i = chunk.index(newest)
-            except ValueError:
-                grown += chunk
-                if len(chunk) < _WALK_CHUNK:  # the newest key is gone
-                    break
-                continue
-            if chunk[i] is not newest:  # an equal key, inserted again
-                break
-            behind = chunk[i + 1] if i + 1 < len(chunk) else next(walk, None)
-            if behind is not second:
-                break
-            grown += chunk[:i]
-            return by_next.keys() & grown  # the lookups in C, too
-        return self._all_grown(cache, by_next)
-
-    def _all_grown(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
-        self._since_full = 0
-        return by_next.keys() & cache.keys()
-
-    def _mark_newest(self, cache: dict[bytes, Any]) -> None:
-        """Remember the hash map's newest key, its block and the key before it (`_grown_keys`)."""
-        walk = reversed(cache)
-        newest = next(walk, None)
-        block = cache[newest] if newest is not None else None
-        self._newest = (newest, block, next(walk, None))
+        """Probe new requests (up to the budget) and re-verify every memo (`PrefixMemo.advance`);
+        the whole pre-pass of a step that cannot admit anything."""
+        self.memo.advance()
 
     def note_arrival(self, request: Request) -> None:
         """Register a request as vLLM appends it to the queue (a step that cannot admit still
         probes it; the next `snapshot` expects it at the end of the queue)."""
         # vLLM internal: Request.status
-        if request not in self._slot_of and request.status == RequestStatus.WAITING:
-            self._arrivals.append(request)
-            self._arrival_slots.append(self._register(request))
-
-    @property
-    def num_unprobed(self) -> int:
-        """Waiting requests not looked up yet (ordered as misses until they are)."""
-        return sum(1 for hit in self._pending if hit.slot >= 0 and not hit.probed)
-
-    def _probe_pending(self) -> None:
-        pending = self._pending
-        if not self._pending_sorted:
-            pending.sort(key=_arrival_of)  # stable: equal arrivals keep their order of arrival
-            self._pending_sorted = True
-        budget, k = self.probe_budget, 0
-        while k < len(pending) and budget:
-            hit = pending[k]
-            k += 1
-            if hit.slot >= 0 and not hit.probed:
-                self._first(hit)
-                budget -= 1
-        del pending[:k]
-
-    def _register(self, request: Request) -> int:
-        """A row for a request seen for the first time in this stint."""
-        if not self._free:
-            self._grow()
-        slot = self._free.pop()
-        num_tokens = request.num_tokens  # vLLM internal: Request.num_tokens
-        arrival = request.arrival_time  # vLLM internal: Request.arrival_time
-        hit = _Hit(request, slot, arrival, num_tokens, (num_tokens - 1) // self.block_size)
-        self._slot_of[request] = slot
-        self._hits[slot] = hit
-        self._request_of[slot] = request
-        self._live[slot] = True
-        self._given[slot] = False
-        self._arrival[slot] = arrival
-        self._prompt[slot] = num_tokens
-        self._cached[slot] = 0
-        if num_tokens > self.max_tokens:
-            self._kind[slot] = _OVERSIZED
-            self._num_special += 1
-            hit.probed = True  # never looked up: it cannot be admitted anyway
-            return slot
-        # vLLM internal: Request.status / RequestStatus.PREEMPTED
-        preempted = self.keep_preempted_first and request.status == RequestStatus.PREEMPTED
-        self._kind[slot] = _FIXED if preempted else _ORDERED
-        self._num_special += preempted
-        pending = self._pending
-        if pending and self._pending_sorted and arrival < pending[-1].arrival:
-            self._pending_sorted = False
-        pending.append(hit)
-        return slot
-
-    def _grow(self) -> None:
-        old = len(self._hits)
-        new = max(64, 2 * old)
-        for name in ("_live", "_given", "_kind", "_arrival", "_prompt", "_cached", "_request_of"):
-            column = getattr(self, name)
-            grown = np.zeros(new, dtype=column.dtype)
-            grown[:old] = column
-            setattr(self, name, grown)
-        self._hits.extend([None] * (new - old))
-        self._free.extend(range(new - 1, old - 1, -1))  # pop() hands out the lowest slot first
-
-    def _release(self, hit: _Hit) -> None:
-        slot = hit.slot
-        del self._slot_of[hit.request]
-        if self._kind[slot] != _ORDERED:
-            self._num_special -= 1
-        self._hits[slot] = None
-        self._request_of[slot] = None
-        self._live[slot] = False
-        if hit.next_key is not None:
-            _move(self._by_next, hit, hit.next_key, None)
-        if hit.last_key is not None:
-            _move(self._by_last, hit, hit.last_key, None)
-        hit.slot = -1  # also marks it gone for `_pending`
-        self._free.append(slot)
-
-    def _drop_absent(self, slots: np.ndarray) -> None:
-        present = np.zeros(len(self._live), dtype=bool)
-        present[slots] = True
-        for slot in np.flatnonzero(self._live & ~present).tolist():
-            hit = self._hits[slot]
-            if hit is not None:
-                self._release(hit)
-
-    def _check_map(self) -> None:
-        """After `reset_prefix_cache()` (a new hash map) every memo is stale: probe again."""
-        if self._pool.cached_block_hash_to_block is self._hash_map:  # vLLM internal
-            return
-        self._bind()
-        self._by_next.clear()
-        self._by_last.clear()
-        self._hints.clear()
-        self._newest = (None, None, None)
-        for hit in self._hits:
-            if hit is not None and hit.probed and self._kind[hit.slot] != _OVERSIZED:
-                hit.probed, hit.blocks, hit.next_key, hit.last_key = False, 0, None, None
-                self._cached[hit.slot] = 0
-                self._pending.append(hit)
-        self._pending_sorted = False
+        if request not in self.slots.slot_of and request.status == RequestStatus.WAITING:
+            self.slots.note_arrival(request, self._register(request))
 
     def invalidate(self, request: Request) -> None:
         """Drop one request's memo while it may still be queued (its tokens changed)."""
         self.forget([request])
-        self._last_queue = None  # its row may be reused: find every row by lookup next time
+        self.slots.forget_order()  # its slot may be reused: find every slot by lookup next time
 
     def forget(self, requests: Iterable[Request]) -> None:
         """Drop memo entries (requests admitted or gone: no longer in the queue)."""
-        slot_of, hits = self._slot_of, self._hits
+        slot_of = self.slots.slot_of
         for request in requests:
             slot = slot_of.get(request)
             if slot is not None:
-                hit = hits[slot]
-                assert hit is not None
-                self._release(hit)
-
-    def __len__(self) -> int:
-        return len(self._slot_of)
-
-
-def _cached_prefix_near(
-    cache: dict[bytes, Any], hashes: Sequence[bytes], guess: int, hi: int, at_least: bool = False
-) -> int:
-    """The hit's length in blocks, known to lie in [0, hi], found by galloping from `guess` (a
-    likely length, 0 <= guess <= hi; `at_least`: known to be cached) away from it by 1, 2, 4, ...
-    blocks until the end is passed, then a binary search in the last gap (`_cached_prefix`):
-    O(log d) hash-map reads for an end d blocks from the guess, 1-2 when the guess is right."""
-    lo = 0
-    if not at_least and guess and hashes[guess - 1] + _GROUP0_SUFFIX not in cache:
-        hi, step = guess - 1, 1  # shorter than the guess: gallop down
-        while lo < hi:
-            probe = max(lo + 1, hi - step + 1)  # is a hit of `probe` blocks cached?
-            if hashes[probe - 1] + _GROUP0_SUFFIX in cache:
-                lo = probe
-                break
-            hi = probe - 1
-            step *= 2
-    else:
-        lo, step = guess, 1  # at least the guess: gallop up
-        while lo < hi:
-            probe = min(lo + step, hi)
-            if hashes[probe - 1] + _GROUP0_SUFFIX not in cache:
-                hi = probe - 1
-                break
-            lo = probe
-            step *= 2
-    return _cached_prefix(cache, hashes, lo, hi)
-
-
-def _cached_prefix(cache: dict[bytes, Any], hashes: Sequence[bytes], lo: int, hi: int) -> int:
-    """The hit's length in blocks, known to lie in [lo, hi]: a binary search, valid because the
-    cached blocks of a chain are prefix-closed (block i cached means blocks 0..i are)."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if hashes[mid - 1] + _GROUP0_SUFFIX in cache:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _arrival_of(hit: _Hit) -> float:
-    return hit.arrival
-
-
-def _move(index: dict[bytes, set[_Hit]], hit: _Hit, old: bytes | None, new: bytes | None) -> None:
-    """Move `hit` from key `old` to key `new` in a key -> hits index (None: not indexed)."""
-    if old is not None:
-        holders = index.get(old)
-        if holders is not None:
-            holders.discard(hit)
-            if not holders:
-                del index[old]
-    if new is not None:
-        holders = index.get(new)
-        if holders is None:
-            index[new] = {hit}
-        else:
-            holders.add(hit)
-
-
-def _move_many(
-    index: dict[bytes, set[_Hit]],
-    hits: list[_Hit],
-    old: dict[bytes | None, list[_Hit]],
-    new: bytes | None,
-) -> None:
-    """`_move` for many hits: from their old keys (`old`: key -> its hits) to `new`."""
-    for key, leaving in old.items():
-        if key is None or key == new:
-            continue
-        holders = index.get(key)
-        if holders is not None:
-            holders.difference_update(leaving)
-            if not holders:
-                del index[key]
-    if new is not None:
-        index.setdefault(new, set()).update(hits)
-
-
-def _one_block(entry: Any) -> KVCacheBlock | None:
-    """A block from a hash-map entry (a block, or several duplicates in a dict)."""
-    if entry is None or isinstance(entry, KVCacheBlock):
-        return entry
-    return next(iter(entry.values()), None)
-
-
-# --- the queue view -------------------------------------------------------------------------------
-
-
-_NO_ROWS = np.zeros(0, dtype=np.intp)
-_NO_ROWS.flags.writeable = False
-_largest, _smallest = np.maximum.reduce, np.minimum.reduce
-
-
-def _no_rows() -> np.ndarray:
-    """An empty row array, shared (read-only): a snapshot is built every step."""
-    return _NO_ROWS
-
-
-@dataclass(slots=True)
-class QueueSnapshot:
-    """The waiting queue split for one ordering step (every request in exactly one part).
-
-    The new queue is fixed, then the ordered rows in the policy's order, then oversized
-    (`PrefixProbe.arrange`).
-    """
-
-    #: The queue in its current order and the probe's row of each request.
-    current: list[Request] = field(default_factory=list)
-    slots: np.ndarray = field(default_factory=_no_rows)
-    #: Preempted requests kept at the head in their current order (vLLM's rule), and their rows.
-    fixed: list[Request] = field(default_factory=list)
-    fixed_slots: np.ndarray = field(default_factory=_no_rows)
-    #: Rows the policy orders; row i of `columns` is `ordered_slots[i]`.
-    ordered_slots: np.ndarray = field(default_factory=_no_rows)
-    columns: QueueColumns | None = None
-    #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their rows.
-    oversized: list[Request] = field(default_factory=list)
-    oversized_slots: np.ndarray = field(default_factory=_no_rows)
-    #: Largest / smallest uncached work among the ordered requests (tokens; 0 when none).
-    work_max: int = 0
-    work_min: int = 0
+                self._release(slot)
 
     @property
-    def num_fixed(self) -> int:
-        return len(self.fixed_slots)
+    def num_unprobed(self) -> int:
+        """Waiting requests not looked up yet (ordered as misses until they are)."""
+        return self.memo.num_unprobed
 
+    @property
+    def num_full_lookups(self) -> int:
+        """From-scratch lookups since construction (tests and the benchmark read them)."""
+        return self.memo.num_full_lookups
 
-# --- start-up self-check --------------------------------------------------------------------------
+    @property
+    def num_extensions(self) -> int:
+        """Searches forward from a memo that grew, since construction."""
+        return self.memo.num_extensions
 
-#: (dotted name, how to find it on a live scheduler) for every internal used above.
-INTERNAL_NAMES: tuple[str, ...] = (
-    "Scheduler.waiting",
-    "Scheduler.running",
-    "Scheduler.max_num_running_reqs",
-    "Scheduler.requests",
-    "Scheduler.deferred_waiting",
-    "Scheduler.kv_cache_manager",
-    "Scheduler.grammar_compile_error_reqs",
-    "KVCacheManager.coordinator",
-    "KVCacheManager.block_pool",
-    "KVCacheManager.prefix_cache_lookup_enabled",
-    "KVCacheCoordinator.find_longest_cache_hit",
-    "KVCacheCoordinator.single_type_managers",
-    "BlockPool.cached_block_hash_to_block",
-    "BlockHashToBlockMap.get_one_block",
-    "BlockHashToBlockMap._cache",
-    "BlockPool.free_block_queue",
-    "BlockPool.num_gpu_blocks",
-    "BlockPool.hash_block_size",
-    "FreeKVCacheBlockQueue.remove",
-    "FreeKVCacheBlockQueue.append",
-    "FreeKVCacheBlockQueue.fake_free_list_tail",
-    "KVCacheBlock.ref_cnt",
-    "KVCacheBlock.block_hash",
-    "KVCacheBlock.is_null",
-    "KVCacheBlock.prev_free_block",
-)
+    def __len__(self) -> int:
+        return len(self.slots)
 
+    def _register(self, request: Request) -> int:
+        """A slot and a memo for a request seen for the first time in this stint."""
+        num_tokens = request.num_tokens  # vLLM internal: Request.num_tokens
+        arrival = request.arrival_time  # vLLM internal: Request.arrival_time
+        slot = self.slots.add(request, arrival, num_tokens)
+        if len(self.memo.hits) < self.slots.capacity:
+            self.memo.resize(self.slots.capacity)
+        self.memo.add(request, slot, arrival, num_tokens, num_tokens > self.max_tokens)
+        return slot
 
-def check_internals(scheduler: Scheduler) -> list[str]:
-    """Names from `INTERNAL_NAMES` (and the queue type) missing on this live scheduler."""
-    missing: list[str] = []
-    if not isinstance(getattr(scheduler, "waiting", None), FCFSRequestQueue):
-        missing.append("Scheduler.waiting as FCFSRequestQueue (a deque)")
-    objects: dict[str, Any] = {"Scheduler": scheduler}
-    manager = getattr(scheduler, "kv_cache_manager", None)
-    objects["KVCacheManager"] = manager
-    objects["KVCacheCoordinator"] = getattr(manager, "coordinator", None)
-    pool = getattr(manager, "block_pool", None)
-    objects["BlockPool"] = pool
-    objects["BlockHashToBlockMap"] = getattr(pool, "cached_block_hash_to_block", None)
-    objects["FreeKVCacheBlockQueue"] = getattr(pool, "free_block_queue", None)
-    objects["KVCacheBlock"] = KVCacheBlock(0)
-    for name in INTERNAL_NAMES:
-        owner, attr = name.split(".")
-        obj = objects.get(owner)
-        if obj is None or not hasattr(obj, attr):
-            missing.append(name)
-    for attr in ("request_id", "arrival_time", "num_tokens", "block_hashes", "status"):
-        if attr not in _request_attrs():
-            missing.append(f"Request.{attr}")
-    return missing
-
-
-def _request_attrs() -> set[str]:
-    """Attribute names a Request has (properties on the class, fields set in __init__)."""
-    names = set(dir(Request))
-    init = Request.__init__.__code__
-    names.update(init.co_names)  # attribute names assigned in __init__ (self.x = ...)
-    return names
+    def _release(self, slot: int) -> None:
+        self.memo.remove(slot)
+        self.slots.remove(slot)

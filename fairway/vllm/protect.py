@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
 
+from fairway.vllm import internals
+
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
@@ -52,31 +54,13 @@ def protect_hit_blocks(
         start = len(chain)
         while start > 0 and id(chain[start - 1]) not in seen:
             start -= 1
-        for block in chain[start:]:
-            seen.add(id(block))
-            # ref_cnt == 0 <=> the block is in the free queue (the null block never is).
-            # vLLM internals: KVCacheBlock.ref_cnt, KVCacheBlock.block_hash, KVCacheBlock.is_null
-            if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null:
-                wanted.append(block)
-    if not wanted or _already_at_mru_end(free_queue, wanted):
+        new = chain[start:]
+        seen.update(map(id, new))
+        wanted += internals.evictable_blocks(new)  # in the free queue: can be moved
+    if not wanted or internals.ends_with(free_queue, wanted):
         return 0
-    for block in reversed(wanted):
-        free_queue.remove(block)  # vLLM internal: FreeKVCacheBlockQueue.remove (O(1))
-        free_queue.append(block)  # vLLM internal: FreeKVCacheBlockQueue.append
+    internals.move_to_mru_end(free_queue, reversed(wanted))
     return len(wanted)
-
-
-def _already_at_mru_end(free_queue: FreeKVCacheBlockQueue, wanted: list[KVCacheBlock]) -> bool:
-    """True if the queue already ends with wanted[-1], ..., wanted[0] (the steady state)."""
-    # vLLM internals: FreeKVCacheBlockQueue.fake_free_list_tail, KVCacheBlock.prev_free_block
-    node = getattr(free_queue, "fake_free_list_tail", None)  # the list's tail sentinel
-    if node is None:
-        return False
-    for block in wanted:
-        node = node.prev_free_block
-        if node is not block:
-            return False
-    return True
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:

@@ -40,7 +40,7 @@ from fairway.policies.queue import (
     check_head,
     check_order,
 )
-from fairway.vllm import observe, plugin, probe, protect, share
+from fairway.vllm import internals, observe, plugin, probe, protect, share
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 
 logger = init_logger(__name__)
@@ -79,7 +79,7 @@ class FairwaySchedulerMixin:
         fairway_last_views / fairway_last_order: the policy's input and output at the last
             ordered step (views of the orderable requests, built when read; indices into them).
             The order is the one applied: exact at least in the positions vLLM's scan can reach
-            (`probe.scan_bound`); a policy may leave the rest in their queue order.
+            (`internals.scan_bound`); a policy may leave the rest in their queue order.
         fairway_clock: `() -> seconds`, the `now` given to the policy; must be on the clock of
             `Request.arrival_time` (wall clock, `time.time`, in vLLM). Assign another callable
             to the attribute (or call `set_fairway_clock`) for a virtual clock.
@@ -98,11 +98,11 @@ class FairwaySchedulerMixin:
         _check_internals(self)
         self.fairway_options = options
         self.fairway_policy = policy
-        manager = probe.kv_cache_manager(self)
+        manager = internals.kv_cache_manager(self)
         self.fairway_probe = probe.PrefixProbe(
             manager,
             caching=bool(self.cache_config.enable_prefix_caching),
-            max_tokens=probe.usable_blocks(self) * probe.block_size_of(manager),
+            max_tokens=internals.usable_blocks(self) * internals.block_size_of(manager),
             keep_preempted_first=not options.reorder_preempted,
         )
         self._fairway_rejected: set[str] = set()
@@ -157,7 +157,7 @@ class FairwaySchedulerMixin:
     @property
     def fairway_last_order(self) -> list[int]:
         """The order applied at the last ordered step (indices into `fairway_last_views`); a
-        policy may order only its head exactly (see `probe.scan_bound`)."""
+        policy may order only its head exactly (see `internals.scan_bound`)."""
         order = self._fairway_last.order
         return np.asarray(order).tolist() if order is not None else []
 
@@ -223,11 +223,13 @@ class FairwaySchedulerMixin:
         in prefill either (its plan also caps the running prefills): nothing is contested, and
         the policy is told so (`idle_step`).
         """
-        queue = probe.waiting_queue(self)
+        queue = internals.waiting_queue(self)
         self._fairway_prepass_ran = bool(queue)
         try:
-            if not queue or not probe.can_admit(self):
-                contested = bool(queue) and self._fairway_plans and share.has_running_prefill(self)
+            if not queue or not internals.can_admit(self):
+                contested = (
+                    bool(queue) and self._fairway_plans and internals.has_running_prefill(self)
+                )
                 if not contested:
                     if queue and self._fairway_plans:
                         self.fairway_policy.idle_step()
@@ -244,7 +246,7 @@ class FairwaySchedulerMixin:
             self._fairway_fallback(exc)
             return None
         if placed.queue is not current:
-            probe.reorder_queue(queue, placed.queue)
+            internals.reorder_queue(queue, placed.queue)
         if self.fairway_options.protect_enabled:
             self._fairway_protect(placed.queue)
         return placed
@@ -310,12 +312,12 @@ class FairwaySchedulerMixin:
         if not self._fairway_plans:
             if not len(waiting):
                 return Ordering([])
-            head = probe.scan_bound(self) if self._fairway_head_only else None
+            head = internals.scan_bound(self) if self._fairway_head_only else None
             return self.fairway_policy.ordering(waiting, Step(now, head))
-        prefilling, decode_tokens = share.running_prefills(self)
+        prefilling, decode_tokens = internals.running_prefills(self)
         firsts = [(r.request_id, r.num_tokens - self.fairway_probe.cached_tokens(r)) for r in ahead]
-        free = probe.free_slots(self)
-        head = probe.scan_bound(self, free) if self._fairway_head_only else None
+        free = internals.free_slots(self)
+        head = internals.scan_bound(self, free) if self._fairway_head_only else None
         budget = share.step_budget(self, decode_tokens, firsts, free)
         ordering = self.fairway_policy.ordering(waiting, Step(now, head, budget, prefilling))
         self._fairway_step_plan = self.fairway_last_plan = ordering.plan
@@ -329,7 +331,7 @@ class FairwaySchedulerMixin:
         if not self._fairway_plans:
             return None
         try:
-            if placed is None and not probe.waiting_queue(self):
+            if placed is None and not internals.waiting_queue(self):
                 self._fairway_ordering(QueueColumns.of([]), [])
             if self._fairway_step_plan is None:
                 return None
@@ -343,7 +345,7 @@ class FairwaySchedulerMixin:
         """Give the policy the prefill tokens vLLM scheduled per request; count them by lane."""
         plan = self._fairway_step_plan
         assert plan is not None
-        by_request = share.prefill_by_request(self, output)
+        by_request = internals.prefill_by_request(self, output)
         total = sum(by_request.values())
         self.fairway_policy.on_step_end(admitted_ids, total, prefill_by_request=by_request)
         lanes = plan.lanes
@@ -354,22 +356,22 @@ class FairwaySchedulerMixin:
 
     def _fairway_reject(self, request: Request) -> None:
         """Finish a request that can never fit (once); it already sits behind everyone."""
-        request_id, _, num_tokens = probe.request_fields(request)
+        request_id, _, num_tokens = internals.request_fields(request)
         if request_id in self._fairway_rejected:
             return
         self._fairway_rejected.add(request_id)
         self.fairway_stats.oversized_rejected += 1
         protect.log_oversized(
-            request_id, num_tokens, self.fairway_probe.block_size, probe.usable_blocks(self)
+            request_id, num_tokens, self.fairway_probe.block_size, internals.usable_blocks(self)
         )
-        probe.report_request_error(self, request_id)
+        internals.report_request_error(self, request_id)
 
     def _fairway_protect(self, queue: list[Request]) -> None:
         """Soft eviction protection of the first K requests' cached blocks. Never raises."""
         try:
             hit_blocks = self.fairway_probe.hit_blocks
             chains = (hit_blocks(r) for r in queue[: self._fairway_top_k])
-            free_queue = probe.block_pool(self).free_block_queue  # vLLM internal
+            free_queue = internals.free_block_queue(self)
             self.fairway_stats.protected_blocks += protect.protect_hit_blocks(free_queue, chains)
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc, "protecting cached blocks", "no protection this step")
@@ -404,7 +406,7 @@ class FairwaySchedulerMixin:
         """Tell the policy what was admitted; forget who left; publish stats. Never raises."""
         stats = self.fairway_stats
         try:
-            started = probe.started_ids(output)
+            started = internals.started_ids(output)
             if started:  # they left the waiting queue
                 requests = self.requests  # vLLM internal: Scheduler.requests
                 self.fairway_probe.forget(requests[rid] for rid in started if rid in requests)
@@ -419,7 +421,8 @@ class FairwaySchedulerMixin:
             if self._fairway_step_plan is not None:
                 self._fairway_plan_feed(output, admitted_ids)
             elif placed is not None:
-                self.fairway_policy.on_step_end(admitted_ids, probe.prefill_tokens(self, output))
+                prefill = internals.prefill_tokens(self, output)
+                self.fairway_policy.on_step_end(admitted_ids, prefill)
             self._fairway_trim()
         except Exception as exc:  # noqa: BLE001
             self._fairway_fallback(exc, "finishing the step", "the step's output is unchanged")
@@ -434,13 +437,13 @@ class FairwaySchedulerMixin:
 
         vLLM pops admitted requests from the head and puts skipped ones back at the head, so the
         admitted ones lie within the first (scheduled + skipped) positions of our order. One
-        admitted past an exact head (vLLM skipped more than `probe.scan_bound` foresaw) was
+        admitted past an exact head (vLLM skipped more than `internals.scan_bound` foresaw) was
         placed by no lane and is not counted.
         """
-        scheduled = probe.scheduled_tokens(output)
+        scheduled = internals.scheduled_tokens(output)
         if not scheduled:
             return []
-        limit = len(scheduled) + probe.deferred_count(self)
+        limit = len(scheduled) + internals.deferred_count(self)
         admitted: list[Request] = []
         placed_counts = self.fairway_stats.placed
         admitted_lanes = placed.admitted_lanes
@@ -523,7 +526,7 @@ def _plan_enabled(scheduler: Any, policy: policies.Policy) -> bool:
     """Whether the policy's step plans are applied; says why not at start-up."""
     if not type(policy).plans_steps:
         return False
-    missing = share.check_internals(scheduler)
+    missing = internals.check_share_internals(scheduler)
     if missing:
         logger.warning(
             "Fairway: policy %s orders the queue but cannot split the step's tokens: vLLM "
@@ -532,7 +535,7 @@ def _plan_enabled(scheduler: Any, policy: policies.Policy) -> bool:
             ", ".join(missing),
         )
         return False
-    if not share.chunked_prefill(scheduler):
+    if not internals.chunked_prefill(scheduler):
         logger.warning(
             "Fairway: chunked prefill is off, so policy %s only orders the waiting queue; "
             "capping a running prefill at its lane's share needs --enable-chunked-prefill.",
@@ -550,7 +553,7 @@ def _make_calibration(scheduler: Any) -> Any:
 
 
 def _check_internals(scheduler: Scheduler) -> None:
-    missing = probe.check_internals(scheduler)
+    missing = internals.check_internals(scheduler)
     if missing:
         import vllm
 

@@ -18,89 +18,21 @@ adaptive flag, the held requests, and the running list's own order (requests vLL
 the step stay out, requests it started stay appended). The engine never sees the temporary values
 outside `schedule()`.
 
-Every access to a vLLM internal is tagged `# vLLM internal:` (see `INTERNAL_NAMES`).
+Every vLLM field read or set here goes through `fairway.vllm.internals` (the names the share
+needs: `internals.SHARE_INTERNAL_NAMES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fairway.policies.queue import PrefillingRequest, StepBudget, StepPlan
-from fairway.vllm import probe
+from fairway.policies.queue import StepBudget, StepPlan
+from fairway.vllm import internals
 
 if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import Request
-
-INTERNAL_NAMES: tuple[str, ...] = (
-    "Scheduler.running",
-    "Scheduler.max_num_scheduled_tokens",
-    "Scheduler.max_num_active_reqs",
-    "Scheduler.adaptive_long_prefill_threshold",
-    "SchedulerConfig.long_prefill_token_threshold",
-    "SchedulerConfig.enable_chunked_prefill",
-    "Request.is_prefill_chunk",
-    "Request.num_computed_tokens",
-    "Request.num_tokens_with_spec",
-    "Request.num_output_placeholders",
-)
-
-
-def check_internals(scheduler: Scheduler) -> list[str]:
-    """Names from `INTERNAL_NAMES` missing on this live scheduler (requests checked by class)."""
-    from vllm.v1.request import Request
-
-    objects = {"Scheduler": scheduler, "SchedulerConfig": scheduler.scheduler_config}
-    init_names = set(Request.__init__.__code__.co_names) | set(dir(Request))
-    missing = []
-    for name in INTERNAL_NAMES:
-        owner, attr = name.split(".")
-        if owner == "Request":
-            if attr not in init_names:
-                missing.append(name)
-        elif not hasattr(objects[owner], attr):
-            missing.append(name)
-    return missing
-
-
-def chunked_prefill(scheduler: Scheduler) -> bool:
-    """The share needs chunked prefill (a capped request continues in the next step)."""
-    return bool(scheduler.scheduler_config.enable_chunked_prefill)  # vLLM internal
-
-
-def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int]:
-    """Views of the running requests still in prefill, and the tokens the other running ones
-    (decodes) may take this step (one per request, more with placeholders or spec tokens)."""
-    views: list[PrefillingRequest] = []
-    decode_tokens = 0
-    view = PrefillingRequest
-    for request in scheduler.running:  # vLLM internal: Scheduler.running
-        # vLLM internal: Request.num_tokens / num_computed_tokens / is_prefill_chunk (as
-        # `_in_prefill`, inlined: this runs for every running request every step)
-        num_tokens, computed = request.num_tokens, request.num_computed_tokens
-        if request.is_prefill_chunk and num_tokens > computed:
-            views.append(
-                view(request.request_id, request.arrival_time, num_tokens - computed, num_tokens)
-            )
-        else:
-            # vLLM internal: Request.num_tokens_with_spec / num_output_placeholders
-            need = request.num_tokens_with_spec + request.num_output_placeholders - computed
-            decode_tokens += need if need > 0 else 0
-    return views, decode_tokens
-
-
-def has_running_prefill(scheduler: Scheduler) -> bool:
-    """Whether a running request is still in prefill (one `running_prefills` would list)."""
-    return any(map(_in_prefill, scheduler.running))  # vLLM internal: Scheduler.running
-
-
-def _in_prefill(request: Request) -> bool:
-    """A running request whose prompt is not computed yet (a chunked prefill in progress)."""
-    # vLLM internal: Request.is_prefill_chunk / num_computed_tokens / num_tokens
-    return request.is_prefill_chunk and request.num_tokens > request.num_computed_tokens
 
 
 def step_budget(
@@ -110,11 +42,11 @@ def step_budget(
     free: int | None = None,
 ) -> StepBudget:
     """The token budget minus decode tokens, free request slots (`free`, if the caller has
-    `probe.free_slots`) and the requests served first."""
-    tokens = scheduler.max_num_scheduled_tokens - decode_tokens  # vLLM internal
+    `internals.free_slots`) and the requests served first."""
+    tokens = internals.token_budget(scheduler) - decode_tokens
     return StepBudget(
         tokens=max(0, tokens),
-        free_slots=probe.free_slots(scheduler) if free is None else free,
+        free_slots=internals.free_slots(scheduler) if free is None else free,
         ahead=tuple([n for _, n in ahead]) if ahead else (),
         ahead_ids=tuple([i for i, _ in ahead]) if ahead else (),
     )
@@ -139,12 +71,11 @@ class ShareUndo:
             return
         self.restored = True
         sched = self.scheduler
-        sched.scheduler_config.long_prefill_token_threshold = self.threshold  # vLLM internal
-        sched.adaptive_long_prefill_threshold = self.adaptive  # vLLM internal
-        sched.max_num_active_reqs = self.active  # vLLM internal
+        internals.set_prefill_cap(sched, self.threshold, self.adaptive)
+        internals.set_active_limit(sched, self.active)
         if not self.held and not self.reordered:
             return
-        now = sched.running  # vLLM internal: Scheduler.running (a list)
+        now = internals.running_requests(sched)
         alive = {id(r) for r in now}
         alive.update(id(r) for r in self.held)
         before = {id(r) for r in self.running}
@@ -155,28 +86,24 @@ class ShareUndo:
 
 def apply(scheduler: Scheduler, share: StepPlan) -> ShareUndo:
     """Set the step's cap, running order and hold-back; return how to undo it."""
-    config = scheduler.scheduler_config  # vLLM internal: Scheduler.scheduler_config
+    threshold, adaptive = internals.prefill_cap(scheduler)
     undo = ShareUndo(
-        scheduler,
-        threshold=config.long_prefill_token_threshold,  # vLLM internal
-        adaptive=scheduler.adaptive_long_prefill_threshold,  # vLLM internal
-        active=scheduler.max_num_active_reqs,  # vLLM internal
+        scheduler, threshold=threshold, adaptive=adaptive, active=internals.active_limit(scheduler)
     )
     if share.cap is None:
         return undo
-    running = scheduler.running  # vLLM internal: Scheduler.running
+    running = internals.running_requests(scheduler)
     reorder = len(share.running_order) > 1
     if reorder or share.hold:  # the list's own order, to put back
         undo.running = list(running)
     try:
-        config.long_prefill_token_threshold = share.cap
-        scheduler.adaptive_long_prefill_threshold = False
+        internals.set_prefill_cap(scheduler, share.cap, False)
         if reorder:
             undo.reordered = _reorder_running(running, share.running_order)
         if share.hold:
             undo.held = [r for r in running if r.request_id in share.hold]
             running[:] = [r for r in running if r.request_id not in share.hold]
-            scheduler.max_num_active_reqs = undo.active - len(undo.held)
+            internals.set_active_limit(scheduler, undo.active - len(undo.held))
     except BaseException:
         undo.restore()
         raise
@@ -186,7 +113,7 @@ def apply(scheduler: Scheduler, share: StepPlan) -> ShareUndo:
 def _reorder_running(running: list[Request], order: tuple[str, ...]) -> bool:
     """Serve the prefills named in `order` in that order, in the prefills' own list positions
     (the ones not named keep their relative order after them)."""
-    slots = [k for k, r in enumerate(running) if r.is_prefill_chunk]  # vLLM internal
+    slots = [k for k, r in enumerate(running) if internals.is_prefill_chunk(r)]
     rank = {rid: k for k, rid in enumerate(order)}
     prefills = [running[k] for k in slots]
     new = sorted(prefills, key=lambda r: rank.get(r.request_id, len(rank)))  # stable
@@ -195,19 +122,3 @@ def _reorder_running(running: list[Request], order: tuple[str, ...]) -> bool:
     for k, request in zip(slots, new, strict=True):
         running[k] = request
     return True
-
-
-def prefill_by_request(scheduler: Scheduler, output: SchedulerOutput) -> dict[str, int]:
-    """Prompt tokens scheduled per request in `output` (read right after `schedule()`)."""
-    requests: Mapping[str, Request] = scheduler.requests  # vLLM internal: Scheduler.requests
-    result: dict[str, int] = {}
-    for request_id, n in output.num_scheduled_tokens.items():  # vLLM internal
-        request = requests.get(request_id)
-        if request is None:
-            continue
-        # vLLM internal: Request.num_computed_tokens (already advanced by n) / num_prompt_tokens
-        start = request.num_computed_tokens - n
-        prompt = max(request.num_prompt_tokens, request.num_tokens - 1)
-        if start < prompt:
-            result[request_id] = min(n, prompt - start)
-    return result

@@ -71,7 +71,7 @@ def _steps(offline, sched, workload, clock, total_steps: int):
     ],
 )
 def test_head_order_schedules_as_the_full_order(offline, helpers, policy, max_num_seqs, seed, ties):
-    from fairway.vllm import probe
+    from fairway.vllm import internals
 
     workload = list(_workload(random.Random(seed), helpers, 60, ties))
     records, runs = [], []
@@ -83,7 +83,7 @@ def test_head_order_schedules_as_the_full_order(offline, helpers, policy, max_nu
         plan = sched._fairway_plan
 
         def spy(current, plan=plan, shorter=shorter, sched=sched):
-            bound = probe.scan_bound(sched)
+            bound = internals.scan_bound(sched)
             shorter.append(bound is not None and bound < len(current))
             return plan(current)
 
@@ -132,16 +132,16 @@ def test_unplaced_lane_is_the_metrics_no_lane() -> None:
 
 
 def test_scan_bound_counts_free_slots_and_deferred(offline, helpers) -> None:
-    from fairway.vllm import probe
+    from fairway.vllm import internals
 
     sched = offline.make_offline_scheduler("fairway-step", max_num_seqs=4)
     for k in range(6):
         prompt = helpers.tokens(1000 * k, 40)
         sched.add_request(offline.make_request(f"r{k}", prompt, float(k), max_tokens=50))
-    assert probe.scan_bound(sched) == 4
+    assert internals.scan_bound(sched) == 4
     offline.step(sched)
-    assert len(sched.running) == 4 and probe.scan_bound(sched) == 0
+    assert len(sched.running) == 4 and internals.scan_bound(sched) == 0
     sched.deferred_waiting.add(sched.waiting.peek_request())  # as if vLLM had skipped it
-    assert probe.scan_bound(sched) == 1
+    assert internals.scan_bound(sched) == 1
     sched.lora_config = object()  # the LoRA limit can skip any request: no bound
-    assert probe.scan_bound(sched) is None
+    assert internals.scan_bound(sched) is None

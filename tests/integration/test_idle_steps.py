@@ -18,10 +18,10 @@ pytestmark = pytest.mark.integration
 
 
 def _run(offline, helpers, monkeypatch, always_plan: bool, seed: int):
-    from fairway.vllm import share
+    from fairway.vllm import internals
 
     if always_plan:
-        monkeypatch.setattr(share, "has_running_prefill", lambda scheduler: True)
+        monkeypatch.setattr(internals, "has_running_prefill", lambda scheduler: True)
     rng = random.Random(seed)
     sched = offline.make_offline_scheduler(
         "fairway", num_blocks=600, max_num_batched_tokens=128, max_num_seqs=3

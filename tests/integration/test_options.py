@@ -198,9 +198,11 @@ def test_cache_agnostic_policy_runs_without_prefix_caching(offline, helpers):
 def test_self_check_names_the_vllm_version(offline, monkeypatch):
     import vllm
 
-    from fairway.vllm import probe
+    from fairway.vllm import internals
 
-    monkeypatch.setattr(probe, "INTERNAL_NAMES", (*probe.INTERNAL_NAMES, "BlockPool.gone_in_0_99"))
+    monkeypatch.setattr(
+        internals, "INTERNAL_NAMES", (*internals.INTERNAL_NAMES, "BlockPool.gone_in_0_99")
+    )
     with pytest.raises(FairwayError) as info:
         offline.make_offline_scheduler("fcfs")
     message = str(info.value)

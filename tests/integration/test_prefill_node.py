@@ -119,7 +119,7 @@ def test_worked_example_order_holds_under_the_connector(offline, helpers) -> Non
     }  # fmt: skip
     assert sched.fairway_last_ordering.lanes == ["fast"] * 5 + ["fair"]
     # Self-calibration reads the same step from vLLM's real SchedulerOutput: (tokens, context).
-    from fairway.vllm.calibrate import step_chunks
+    from fairway.vllm.internals import step_chunks
 
     assert sorted(step_chunks(out)) == [(300, 6_000)] * 5 + [(548, 0)]
     assert set(_finished(outputs)) == {"H1", "H2", "H3", "H4", "H5"}  # hits done in one step

@@ -27,12 +27,12 @@ def _lookups(sched, request) -> tuple[int, int, int]:
 
 def _assert_indexes_match_the_memos(probe) -> None:
     """Every live memo sits in the growth / eviction index under exactly its own keys."""
-    for name, index in (("next_key", probe._by_next), ("last_key", probe._by_last)):
+    for name, index in (("next_key", probe.memo.by_next), ("last_key", probe.memo.by_last)):
         listed = {(id(hit), key) for key, hits in index.items() for hit in hits}
         assert all(hits for hits in index.values()), name  # no empty sets left behind
         own = {
             (id(hit), getattr(hit, name))
-            for hit in probe._hits
+            for hit in probe.memo.hits
             if hit is not None and getattr(hit, name) is not None
         }
         assert listed == own, name
@@ -212,7 +212,7 @@ def test_a_burst_is_probed_oldest_first_within_the_budget(offline, helpers):
     looked up yet counts as a miss (h = 0). The order is exact after ceil(burst / budget) steps."""
     sched, waiting = _full_node(offline, helpers)
     probe = sched.fairway_probe
-    probe.probe_budget = 3
+    probe.memo.probe_budget = 3
     assert probe.num_unprobed == 10
     for step_no in range(1, 5):
         offline.step(sched)  # no slot free: the ordering is skipped, the probe advances
@@ -306,11 +306,11 @@ def _put_back(cache, key) -> None:
 def test_growth_is_found_by_walking_the_newly_cached_keys(offline, helpers):
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
     probe = sched.fairway_probe
-    probe._since_full = 0
+    probe.memo.since_full_check = 0
     _cache_fake_block(sched, cache, key)
     probe.snapshot(list(sched.waiting))
     assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
-    assert probe._since_full == 1  # found by the walk, not by a check of every next key
+    assert probe.memo.since_full_check == 1  # found by the walk, not by a check of every next key
 
 
 def test_a_newest_key_put_back_at_the_end_forces_the_full_check(offline, helpers):
@@ -318,26 +318,26 @@ def test_a_newest_key_put_back_at_the_end_forces_the_full_check(offline, helpers
     remembered: a key was cached before the put-back, so every next key is checked."""
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
     probe = sched.fairway_probe
-    probe._since_full = 5
-    newest = probe._newest[0]
+    probe.memo.since_full_check = 5
+    newest = probe.memo.newest[0]
     _cache_fake_block(sched, cache, key)
     _put_back(cache, newest)
     assert next(reversed(cache)) is newest
     probe.snapshot(list(sched.waiting))
     assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
-    assert probe._since_full == 1  # the full check ran (reset to 0) in this advance
+    assert probe.memo.since_full_check == 1  # the full check ran (reset to 0) in this advance
 
 
 def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(offline, helpers):
     """The stated bound: both remembered keys put back in order after a new key was cached hide
     it from the walk; the periodic check of every next key finds it at the latest
     `FULL_CHECK_EVERY` steps later."""
-    from fairway.vllm.probe import FULL_CHECK_EVERY
+    from fairway.vllm.prefix_memo import FULL_CHECK_EVERY
 
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
     probe = sched.fairway_probe
-    probe._since_full = 0
-    newest, _, second = probe._newest
+    probe.memo.since_full_check = 0
+    newest, _, second = probe.memo.newest
     _cache_fake_block(sched, cache, key)
     _put_back(cache, second)
     _put_back(cache, newest)
@@ -355,7 +355,7 @@ def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(off
 def test_moving_a_head_to_the_front_equals_the_permutation(data, n):
     """`arrange`'s list-slice path builds the same queue as indexing by the whole order."""
     from fairway.policies.queue import check_order
-    from fairway.vllm.probe import _move_to_front
+    from fairway.vllm.queue_slots import move_to_front
 
     head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
     head = [i for i in head if i < n]
@@ -363,7 +363,7 @@ def test_moving_a_head_to_the_front_equals_the_permutation(data, n):
     current = [object() for _ in range(n)]
     order, moved = check_order(order, n)
     assert moved <= len(head) and sorted(order[moved:].tolist()) == order[moved:].tolist()
-    assert _move_to_front(current, order[:moved].tolist()) == [current[i] for i in order]
+    assert move_to_front(current, order[:moved].tolist()) == [current[i] for i in order]
 
 
 @pytest.mark.parametrize("shared_blocks", [1, 25, 40])
@@ -402,19 +402,19 @@ class _CountingCache(dict):
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), hi=st.integers(0, 600))
 def test_a_search_from_any_guess_finds_the_cached_prefix(data, hi):
-    """`_cached_prefix_near` returns the cached prefix's length whatever the guess (1-2 reads
+    """`cached_prefix_near` returns the cached prefix's length whatever the guess (1-2 reads
     when it is right, O(log distance) otherwise); `at_least` trusts a guess known cached."""
-    from fairway.vllm.probe import _GROUP0_SUFFIX, _cached_prefix_near
+    from fairway.vllm.prefix_memo import GROUP0_SUFFIX, cached_prefix_near
 
     length = data.draw(st.integers(0, hi), label="cached blocks")
     guess = data.draw(st.integers(0, hi), label="guess")
     hashes = [i.to_bytes(4, "big") for i in range(hi + 5)]
-    cache = _CountingCache({h + _GROUP0_SUFFIX: None for h in hashes[:length]})
-    assert _cached_prefix_near(cache, hashes, guess, hi) == length
+    cache = _CountingCache({h + GROUP0_SUFFIX: None for h in hashes[:length]})
+    assert cached_prefix_near(cache, hashes, guess, hi) == length
     distance = abs(length - guess)
     assert cache.reads <= (2 if distance == 0 else 4 * distance.bit_length() + 2)
     if guess <= length:
-        assert _cached_prefix_near(cache, hashes, guess, hi, at_least=True) == length
+        assert cached_prefix_near(cache, hashes, guess, hi, at_least=True) == length
 
 
 def test_a_new_request_is_looked_up_from_the_hit_of_its_first_block(offline, helpers):
@@ -434,7 +434,7 @@ def test_a_new_request_is_looked_up_from_the_hit_of_its_first_block(offline, hel
         sched.add_request(request)
         assert _lookups(sched, request) == (expected,) * 3, name
     # the hint is keyed by the first block and holds the last hit found (C's)
-    assert probe._hints[sched.requests["C"].block_hashes[0]] == 20
+    assert probe.memo.hints[sched.requests["C"].block_hashes[0]] == 20
 
 
 def test_requests_on_one_evicted_chain_are_looked_up_once(offline, helpers):
@@ -471,10 +471,10 @@ def test_requests_waiting_for_one_block_are_extended_from_one_search(
 ):
     """Seven waiting requests share their first block; S and S2 cache 25 blocks of it in one
     step (S2 one more block on its own branch). Whichever of them is searched first
-    (`_extend_group`), each one's memo equals vLLM's own lookup: those on the first's chain take
+    (`extend_group`), each one's memo equals vLLM's own lookup: those on the first's chain take
     its length without a search, the others (chains that part before its end, at its end, a
     shorter cap) are searched."""
-    from fairway.vllm import probe as probe_module
+    from fairway.vllm import prefix_memo
 
     sched = offline.make_offline_scheduler(
         "lpm", num_blocks=300, max_num_batched_tokens=2_048, max_num_seqs=2
@@ -497,8 +497,8 @@ def test_requests_waiting_for_one_block_are_extended_from_one_search(
         sched.add_request(offline.make_request(name, prompt, 2.0))
     expected = {"W1": 400, "W6": 400, "W7": 400, "W2": 160, "W3": 416, "W4": 400, "W5": 192}
     groups, searches = [], []
-    original_group = probe_module.PrefixProbe._extend_group
-    original_search = probe_module._cached_prefix_near
+    original_group = prefix_memo.PrefixMemo.extend_group
+    original_search = prefix_memo.cached_prefix_near
 
     def first_named(self, group):
         group = sorted(group, key=lambda hit: hit.request.request_id != first)
@@ -509,8 +509,8 @@ def test_requests_waiting_for_one_block_are_extended_from_one_search(
         searches.append(args)
         return original_search(*args, **kwargs)
 
-    monkeypatch.setattr(probe_module.PrefixProbe, "_extend_group", first_named)
-    monkeypatch.setattr(probe_module, "_cached_prefix_near", counted)
+    monkeypatch.setattr(prefix_memo.PrefixMemo, "extend_group", first_named)
+    monkeypatch.setattr(prefix_memo, "cached_prefix_near", counted)
     offline.step(sched)  # the pre-pass probes the seven (no hit); S and S2 compute 26 blocks
     assert set(helpers.queue_ids(sched)) == set(prompts)
     searches.clear()
@@ -529,7 +529,7 @@ def test_the_requests_a_step_started_are_the_new_and_the_resumed():
     at); every scheduled request when the output lacks the fields."""
     from types import SimpleNamespace
 
-    from fairway.vllm.probe import started_ids
+    from fairway.vllm.internals import started_ids
 
     scheduled = {"run": 1, "new1": 64, "new2": 8, "back": 32}
     new = [SimpleNamespace(req_id="new1"), SimpleNamespace(req_id="new2")]

@@ -143,7 +143,7 @@ def test_the_queue_is_split_only_while_a_request_is_set_apart(offline, helpers):
     offline.step(sched)  # "a" starts; "huge" is finished with an error by the next update
     assert "huge" not in sched.requests
     snap = probe.snapshot(list(sched.waiting))  # drops the memo of the request that left
-    assert probe._num_special == 0
+    assert probe.slots.num_special == 0
     assert [r.request_id for r in snap.current] == ["b"]
     assert not snap.oversized and not snap.fixed and len(snap.ordered_slots) == 1
     offline.run_until_idle(sched)

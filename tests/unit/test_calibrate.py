@@ -22,7 +22,7 @@ from fairway.profiling.calibration import (
 )
 from fairway.profiling.step_time import CalibratedFit
 from fairway.profiling.table import from_json
-from fairway.vllm import calibrate
+from fairway.vllm import calibrate, internals
 from fairway.vllm.calibrate import SchedulerCalibration
 
 CHUNK = 2048
@@ -161,7 +161,7 @@ def fake_output(new: list[tuple[str, int, int]], cached: list[tuple[str, int, in
 
 def test_step_chunks_reads_new_and_continuing_requests() -> None:
     out = fake_output([("a", 300, 6000), ("b", 548, 0)], [("c", 1, 900), ("d", 0, 5)])
-    assert calibrate.step_chunks(out) == [(300, 6000), (548, 0), (1, 900)]
+    assert internals.step_chunks(out) == [(300, 6000), (548, 0), (1, 900)]
 
 
 class FakeClock:

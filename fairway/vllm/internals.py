@@ -1,0 +1,586 @@
+"""Every private vLLM name Fairway reads or writes, behind one function each.
+
+vLLM's scheduler, request, KV-cache and output objects are not a public API: their fields move
+between releases. Fairway touches them only through the functions here (and, in the per-request
+inner loops of `prefix_memo` and `queue_slots`, through a few `Request` fields read inline, where
+a call per request would be the cost the overhead goal bounds). Each access is tagged
+`# vLLM internal: <name>`; `check_internals()` and `check_share_internals()` test the names when
+a Fairway scheduler starts, and `tests/integration/test_compat_names.py` tests them against a new
+vLLM before the pin moves.
+
+Imports vLLM only inside the few functions that need its classes, so that modules which only read
+vLLM objects (`calibrate`, `observe`) stay importable without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from fairway.policies.queue import PrefillingRequest
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+
+
+# --- scheduler and request fields -----------------------------------------------------------------
+
+
+def waiting_queue(scheduler: Scheduler) -> FCFSRequestQueue:
+    """The queue Fairway orders: new and preempted requests that hold no KV blocks."""
+    return scheduler.waiting  # vLLM internal: Scheduler.waiting
+
+
+def reorder_queue(queue: FCFSRequestQueue, requests: Sequence[Request]) -> None:
+    """Replace the deque's contents by `requests` (a permutation of them), in place.
+
+    In place because vLLM holds the queue object; the order survives until the scan pops it.
+    """
+    queue.clear()  # vLLM internal: FCFSRequestQueue is a deque
+    queue.extend(requests)
+
+
+def kv_cache_manager(scheduler: Scheduler) -> KVCacheManager:
+    """The scheduler's KV cache manager."""
+    return scheduler.kv_cache_manager  # vLLM internal: Scheduler.kv_cache_manager
+
+
+def block_pool(scheduler: Scheduler) -> BlockPool:
+    """The block pool (free queue, hash map) behind the scheduler's KV cache."""
+    return scheduler.kv_cache_manager.block_pool  # vLLM internal: KVCacheManager.block_pool
+
+
+def requests_by_id(scheduler: Scheduler) -> Mapping[str, Request]:
+    """The scheduler's live requests by id (waiting and running)."""
+    return scheduler.requests  # vLLM internal: Scheduler.requests
+
+
+def vllm_config(scheduler: Any) -> VllmConfig:
+    """The engine's configuration."""
+    return scheduler.vllm_config  # vLLM internal: Scheduler.vllm_config
+
+
+def request_fields(request: Request) -> tuple[str, float, int]:
+    """(request_id, arrival_time, num_tokens = prompt + output so far)."""
+    # vLLM internal: Request.request_id / arrival_time / num_tokens
+    return request.request_id, request.arrival_time, request.num_tokens
+
+
+#: `request_id` of a request; C-level, for `map` over a whole queue.
+request_id_of = attrgetter("request_id")  # vLLM internal: Request.request_id
+
+
+def free_slots(scheduler: Scheduler) -> int:
+    """How many waiting requests vLLM's step may still start: its free request slots.
+
+    vLLM's admission loop stops at once when `running` (plus paused streaming sessions) fills
+    `max_num_active_reqs` (0.32; `max_num_running_reqs`, the slot count, elsewhere). Preemption in
+    the step only sends requests back to the queue and also stops admission.
+    """
+    # vLLM internal: Scheduler.running / max_num_active_reqs / num_waiting_for_streaming_input
+    limit = getattr(scheduler, "max_num_active_reqs", None)
+    if not isinstance(limit, int):
+        limit = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
+    paused = getattr(scheduler, "num_waiting_for_streaming_input", 0)
+    return max(0, limit - len(scheduler.running) - (paused if isinstance(paused, int) else 0))
+
+
+def can_admit(scheduler: Scheduler) -> bool:
+    """False when vLLM's step cannot start a waiting request: every request slot is taken."""
+    return free_slots(scheduler) > 0
+
+
+def scan_bound(scheduler: Scheduler, free: int | None = None) -> int | None:
+    """How many positions of the waiting queue vLLM's scan can reach this step; None: any.
+
+    The scan starts at most `free_slots` requests, taken from the head in order, and reads one
+    more position for each request it skips without starting it. Requests it skipped in earlier
+    steps and that still wait (`deferred_waiting`: grammar not ready, remote KV loading, stale
+    output) are counted as possible skips. The LoRA limit and a KV connector can skip any request,
+    so with either configured the bound is None (order the whole queue). `free`: `free_slots`,
+    if the caller has it.
+    """
+    # vLLM internal: Scheduler.lora_config / connector (absent: assume they may skip)
+    if getattr(scheduler, "lora_config", True) is not None:
+        return None
+    if getattr(scheduler, "connector", True) is not None:
+        return None
+    return (free_slots(scheduler) if free is None else free) + deferred_count(scheduler)
+
+
+def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
+    """Tokens scheduled per request id in one step."""
+    return output.num_scheduled_tokens  # vLLM internal: SchedulerOutput.num_scheduled_tokens
+
+
+def started_ids(output: SchedulerOutput) -> Iterable[str]:
+    """Ids of the requests a step took from the waiting queue: new ones and resumed ones (every
+    scheduled request when the output lacks those fields), without the running ones' decodes."""
+    # vLLM internal: SchedulerOutput.scheduled_new_reqs / CachedRequestData.resumed_req_ids
+    resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None)
+    if resumed is None:
+        return output.num_scheduled_tokens.keys()
+    new = output.scheduled_new_reqs
+    if not resumed:
+        return [data.req_id for data in new]
+    return [*(data.req_id for data in new), *resumed]
+
+
+def new_requests(scheduler: Any, output: SchedulerOutput) -> list[tuple[str, Request, int]]:
+    """(id, request, cached tokens at admission) of each new request of a step that the scheduler
+    still holds; the count is vLLM's `num_computed_tokens` of the new-request data."""
+    requests = scheduler.requests  # vLLM internal: Scheduler.requests
+    # vLLM internal: SchedulerOutput.scheduled_new_reqs / NewRequestData.num_computed_tokens
+    return [
+        (data.req_id, requests[data.req_id], data.num_computed_tokens)
+        for data in output.scheduled_new_reqs
+        if data.req_id in requests
+    ]
+
+
+def resumed_ids(output: SchedulerOutput) -> Iterable[str]:
+    """Ids of the preempted requests a step resumed (none when the output lacks the field)."""
+    # vLLM internal: CachedRequestData.resumed_req_ids
+    return getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
+
+
+def reported_ids(result: Any, limit: int) -> list[str] | None:
+    """Ids of the requests in `update_from_output`'s result (a dict of client index ->
+    `EngineCoreOutputs`, whose `outputs` carry `request_id`); None if it has another shape or
+    more than `limit` of them (then checking the pending requests costs less)."""
+    if not isinstance(result, dict):
+        return None
+    ids: list[str] = []
+    for outputs in result.values():
+        items = getattr(outputs, "outputs", None)  # vLLM internal: EngineCoreOutputs.outputs
+        if not isinstance(items, list) or len(ids) + len(items) > limit:
+            return None
+        ids += [item.request_id for item in items]
+    return ids
+
+
+def step_chunks(scheduler_output: Any) -> list[tuple[int, int]]:
+    """(new_tokens, computed_before) per request of a vLLM `SchedulerOutput` (read-only).
+
+    `num_computed_tokens` in the output is the value before this step: vLLM builds the request
+    data before it advances the counters (`_update_after_schedule`).
+    """
+    scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens  # vLLM internal
+    chunks = [
+        (scheduled.get(req.req_id, 0), req.num_computed_tokens)  # vLLM internal: NewRequestData
+        for req in scheduler_output.scheduled_new_reqs
+    ]
+    cached = scheduler_output.scheduled_cached_reqs  # vLLM internal: CachedRequestData
+    chunks += [
+        (scheduled.get(req_id, 0), computed)
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=False)
+    ]
+    return [(n, p) for n, p in chunks if n > 0]
+
+
+def prefill_tokens(scheduler: Scheduler, output: SchedulerOutput) -> int:
+    """Tokens of this step that computed prompt positions (prefill), summed over requests.
+
+    Called after `schedule()`, when vLLM has already advanced `num_computed_tokens` by the
+    scheduled count: a request was prefilling if it started the step below its prompt length.
+    A resumed preempted request recomputes prompt + earlier output, all of it counted.
+    """
+    requests = scheduler.requests  # vLLM internal: Scheduler.requests
+    total = 0
+    for req_id, n in output.num_scheduled_tokens.items():
+        request = requests.get(req_id)
+        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
+        if request is not None and request.num_computed_tokens - n < request.num_prompt_tokens:
+            total += n
+    return total
+
+
+def scheduled_spans(
+    scheduler: Scheduler, scheduled: Mapping[str, int]
+) -> dict[str, tuple[int, int, int]]:
+    """request id -> (start, end, prompt tokens) of the positions each request computes this step.
+
+    Read after `schedule()`, which has already advanced `num_computed_tokens` by the scheduled
+    count, so the span is [computed - n, computed). Used by the virtual replay's cost model.
+    """
+    requests = scheduler.requests  # vLLM internal: Scheduler.requests
+    spans = {}
+    for request_id, n in scheduled.items():
+        request = requests[request_id]
+        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
+        end = request.num_computed_tokens
+        spans[request_id] = (end - n, end, request.num_prompt_tokens)
+    return spans
+
+
+def deferred_count(scheduler: Scheduler) -> int:
+    """How many waiting requests vLLM skipped (blocked status etc.); bounds the admission scan."""
+    return len(scheduler.deferred_waiting)  # vLLM internal: Scheduler.deferred_waiting
+
+
+def report_request_error(scheduler: Scheduler, request_id: str) -> bool:
+    """Have vLLM finish a waiting request with FINISHED_ERROR at the next `update_from_output`.
+
+    vLLM finishes a waiting request with an error output delivered to its client only from
+    `update_from_output`, via the id sets it drains there (0.32; the same set exists in the
+    upstream versions around it); `grammar_compile_error_reqs` is the one that needs no other
+    state. Returns False (nothing done) if the set is missing: the request then only stays last.
+    """
+    errors = getattr(scheduler, "grammar_compile_error_reqs", None)  # vLLM internal
+    if not isinstance(errors, set):
+        return False
+    errors.add(request_id)
+    return True
+
+
+# --- the running list and the step's knobs (the token share) --------------------------------------
+
+
+def running_requests(scheduler: Scheduler) -> list[Request]:
+    """vLLM's RUNNING list itself (served first, in list order); callers may reorder it."""
+    return scheduler.running  # vLLM internal: Scheduler.running (a list)
+
+
+def chunked_prefill(scheduler: Scheduler) -> bool:
+    """The share needs chunked prefill (a capped request continues in the next step)."""
+    return bool(scheduler.scheduler_config.enable_chunked_prefill)  # vLLM internal
+
+
+def token_budget(scheduler: Scheduler) -> int:
+    """Tokens one step may schedule (`--max-num-batched-tokens`)."""
+    return scheduler.max_num_scheduled_tokens  # vLLM internal: Scheduler.max_num_scheduled_tokens
+
+
+def prefill_cap(scheduler: Scheduler) -> tuple[int, bool]:
+    """(long_prefill_token_threshold, adaptive_long_prefill_threshold): the per-request cap of
+    a step and whether vLLM may raise it (re-read at the start of every step)."""
+    config = scheduler.scheduler_config  # vLLM internal: Scheduler.scheduler_config
+    # vLLM internal: SchedulerConfig.long_prefill_token_threshold
+    # vLLM internal: Scheduler.adaptive_long_prefill_threshold
+    return config.long_prefill_token_threshold, scheduler.adaptive_long_prefill_threshold
+
+
+def set_prefill_cap(scheduler: Scheduler, threshold: int, adaptive: bool) -> None:
+    """Set what `prefill_cap` reads."""
+    scheduler.scheduler_config.long_prefill_token_threshold = threshold  # vLLM internal
+    scheduler.adaptive_long_prefill_threshold = adaptive  # vLLM internal
+
+
+def active_limit(scheduler: Scheduler) -> int:
+    """The request-slot limit vLLM's admission stops at."""
+    return scheduler.max_num_active_reqs  # vLLM internal: Scheduler.max_num_active_reqs
+
+
+def set_active_limit(scheduler: Scheduler, limit: int) -> None:
+    """Set what `active_limit` reads."""
+    scheduler.max_num_active_reqs = limit  # vLLM internal: Scheduler.max_num_active_reqs
+
+
+def is_prefill_chunk(request: Request) -> bool:
+    """vLLM's flag for a running request whose prompt is not computed yet."""
+    return request.is_prefill_chunk  # vLLM internal: Request.is_prefill_chunk
+
+
+def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int]:
+    """Views of the running requests still in prefill, and the tokens the other running ones
+    (decodes) may take this step (one per request, more with placeholders or spec tokens)."""
+    views: list[PrefillingRequest] = []
+    decode_tokens = 0
+    view = PrefillingRequest
+    for request in scheduler.running:  # vLLM internal: Scheduler.running
+        # vLLM internal: Request.num_tokens / num_computed_tokens / is_prefill_chunk (as
+        # `_in_prefill`, inlined: this runs for every running request every step)
+        num_tokens, computed = request.num_tokens, request.num_computed_tokens
+        if request.is_prefill_chunk and num_tokens > computed:
+            views.append(
+                view(request.request_id, request.arrival_time, num_tokens - computed, num_tokens)
+            )
+        else:
+            # vLLM internal: Request.num_tokens_with_spec / num_output_placeholders
+            need = request.num_tokens_with_spec + request.num_output_placeholders - computed
+            decode_tokens += need if need > 0 else 0
+    return views, decode_tokens
+
+
+def has_running_prefill(scheduler: Scheduler) -> bool:
+    """Whether a running request is still in prefill (one `running_prefills` would list)."""
+    return any(map(_in_prefill, scheduler.running))  # vLLM internal: Scheduler.running
+
+
+def _in_prefill(request: Request) -> bool:
+    """A running request whose prompt is not computed yet (a chunked prefill in progress)."""
+    # vLLM internal: Request.is_prefill_chunk / num_computed_tokens / num_tokens
+    return request.is_prefill_chunk and request.num_tokens > request.num_computed_tokens
+
+
+def prefill_by_request(scheduler: Scheduler, output: SchedulerOutput) -> dict[str, int]:
+    """Prompt tokens scheduled per request in `output` (read right after `schedule()`)."""
+    requests: Mapping[str, Request] = scheduler.requests  # vLLM internal: Scheduler.requests
+    result: dict[str, int] = {}
+    for request_id, n in output.num_scheduled_tokens.items():  # vLLM internal
+        request = requests.get(request_id)
+        if request is None:
+            continue
+        # vLLM internal: Request.num_computed_tokens (already advanced by n) / num_prompt_tokens
+        start = request.num_computed_tokens - n
+        prompt = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start < prompt:
+            result[request_id] = min(n, prompt - start)
+    return result
+
+
+# --- the KV cache ---------------------------------------------------------------------------------
+
+
+def coordinator_of(manager: KVCacheManager) -> KVCacheCoordinator:
+    """The KV-cache coordinator (the prefix lookup across groups)."""
+    return manager.coordinator  # vLLM internal: KVCacheManager.coordinator
+
+
+def pool_of(manager: KVCacheManager) -> BlockPool:
+    """The block pool of a KV cache manager."""
+    return manager.block_pool  # vLLM internal: KVCacheManager.block_pool
+
+
+def block_size_of(manager: KVCacheManager) -> int:
+    """Tokens per block of the (first) KV-cache group."""
+    managers = manager.coordinator.single_type_managers  # vLLM internal
+    return int(managers[0].block_size) if managers else 1
+
+
+def usable_blocks(scheduler: Scheduler) -> int:
+    """KV blocks a single request could ever hold: the pool minus vLLM's null block."""
+    return block_pool(scheduler).num_gpu_blocks - 1  # vLLM internal: BlockPool.num_gpu_blocks
+
+
+def free_block_queue(scheduler: Scheduler) -> FreeKVCacheBlockQueue:
+    """vLLM's queue of evictable blocks, LRU first."""
+    return block_pool(scheduler).free_block_queue  # vLLM internal: BlockPool.free_block_queue
+
+
+def prefix_cache_lookup_enabled(manager: KVCacheManager, request: Request) -> bool:
+    """False where vLLM skips the prefix lookup for a request (prompt logprobs, pooling)."""
+    # vLLM internal: KVCacheManager.prefix_cache_lookup_enabled
+    return bool(manager.prefix_cache_lookup_enabled(request))
+
+
+def longest_cache_hit(
+    coordinator: KVCacheCoordinator, block_hashes: list[BlockHash], max_length: int
+) -> tuple[Any, int]:
+    """vLLM's own lookup: (cached blocks per KV-cache group, hit length in tokens).
+
+    Read-only at the coordinator level (no ref counts, stats or free-queue moves); it walks the
+    hashes from the start.
+    """
+    result = coordinator.find_longest_cache_hit(  # vLLM internal
+        block_hashes, max_length
+    )
+    return result[0], int(result[1])
+
+
+def block_hash_map(pool: BlockPool) -> Any:
+    """The pool's block-hash map; vLLM replaces the object on `reset_prefix_cache()`."""
+    return pool.cached_block_hash_to_block  # vLLM internal: BlockPool hash map
+
+
+def hash_map_dict(hash_map: Any) -> dict[bytes, Any] | None:
+    """The plain dict behind the hash map (key -> block, or a dict of duplicate blocks), or None
+    when vLLM no longer keeps one: then only `hash_map_getter` works."""
+    raw = getattr(hash_map, "_cache", None)  # vLLM internal: BlockHashToBlockMap._cache
+    return raw if isinstance(raw, dict) else None
+
+
+def hash_map_getter(hash_map: Any) -> Any:
+    """The hash map's public getter: key -> a block, or None."""
+    return hash_map.get_one_block  # vLLM internal: BlockHashToBlockMap.get_one_block
+
+
+def one_block(entry: Any) -> KVCacheBlock | None:
+    """A block from a hash-map entry (a block, or several duplicates in a dict)."""
+    if entry is None or not isinstance(entry, dict):  # vLLM internal: the entry's union type
+        return entry
+    return next(iter(entry.values()), None)
+
+
+def group_key_suffix(group_id: int = 0) -> bytes:
+    """What vLLM's hash-map key of a block hash appends to the hash for a KV-cache group
+    (`make_block_hash_with_group_id`, 0.32: the group id in 4 big-endian bytes)."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    return make_block_hash_with_group_id(b"", group_id)  # vLLM internal: the key's encoding
+
+
+def keys_are_suffixed() -> bool:
+    """Whether vLLM builds a group-0 key by appending `group_key_suffix()` to the block hash."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    sample = bytes(range(32))
+    return make_block_hash_with_group_id(sample, 0) == sample + group_key_suffix()
+
+
+def supports_incremental(coordinator: KVCacheCoordinator, pool: BlockPool) -> bool:
+    """Whether the cached-prefix memo is exact: one full-attention group hashed at the block size
+    (no EAGLE, no context parallelism), with hash-map keys built by appending the group suffix."""
+    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+
+    if not isinstance(coordinator, UnitaryKVCacheCoordinator):
+        return False
+    manager = coordinator.single_type_managers[0]
+    return (
+        type(manager) is FullAttentionManager
+        and not _eagle_groups(coordinator)  # EAGLE drops the last hit block
+        and pool.hash_block_size == manager.block_size  # vLLM internal: hash_block_size
+        and getattr(coordinator, "dcp_world_size", 1) == 1
+        and getattr(coordinator, "pcp_world_size", 1) == 1
+        and keys_are_suffixed()
+    )
+
+
+def _eagle_groups(coordinator: Any) -> set[int]:
+    # vLLM internal: KVCacheCoordinator.eagle_group_ids (0.33 adds drop_eagle_group_ids)
+    groups = getattr(coordinator, "drop_eagle_group_ids", None)
+    if groups is None:
+        groups = getattr(coordinator, "eagle_group_ids", set())
+    return set(groups)
+
+
+# --- the free queue (soft eviction protection) ----------------------------------------------------
+
+
+def evictable_blocks(blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
+    """The blocks no request holds (ref_cnt == 0, i.e. in the free queue), with a hash (cached),
+    other than the null block (never in the free queue)."""
+    # vLLM internals: KVCacheBlock.ref_cnt, KVCacheBlock.block_hash, KVCacheBlock.is_null
+    return [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None and not b.is_null]
+
+
+def move_to_mru_end(free_queue: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> None:
+    """Move free blocks to the MRU end of the free queue, in this order (the last one last)."""
+    for block in blocks:
+        free_queue.remove(block)  # vLLM internal: FreeKVCacheBlockQueue.remove (O(1))
+        free_queue.append(block)  # vLLM internal: FreeKVCacheBlockQueue.append
+
+
+def ends_with(free_queue: FreeKVCacheBlockQueue, wanted: Sequence[KVCacheBlock]) -> bool:
+    """True if the free queue already ends with wanted[-1], ..., wanted[0] (wanted[0] last)."""
+    # vLLM internals: FreeKVCacheBlockQueue.fake_free_list_tail, KVCacheBlock.prev_free_block
+    node = getattr(free_queue, "fake_free_list_tail", None)  # the list's tail sentinel
+    if node is None:
+        return False
+    for block in wanted:
+        node = node.prev_free_block
+        if node is not block:
+            return False
+    return True
+
+
+# --- start-up self-checks -------------------------------------------------------------------------
+
+#: Every internal the ordering uses (dotted name as found on a live scheduler's objects).
+INTERNAL_NAMES: tuple[str, ...] = (
+    "Scheduler.waiting",
+    "Scheduler.running",
+    "Scheduler.max_num_running_reqs",
+    "Scheduler.requests",
+    "Scheduler.deferred_waiting",
+    "Scheduler.kv_cache_manager",
+    "Scheduler.grammar_compile_error_reqs",
+    "KVCacheManager.coordinator",
+    "KVCacheManager.block_pool",
+    "KVCacheManager.prefix_cache_lookup_enabled",
+    "KVCacheCoordinator.find_longest_cache_hit",
+    "KVCacheCoordinator.single_type_managers",
+    "BlockPool.cached_block_hash_to_block",
+    "BlockHashToBlockMap.get_one_block",
+    "BlockHashToBlockMap._cache",
+    "BlockPool.free_block_queue",
+    "BlockPool.num_gpu_blocks",
+    "BlockPool.hash_block_size",
+    "FreeKVCacheBlockQueue.remove",
+    "FreeKVCacheBlockQueue.append",
+    "FreeKVCacheBlockQueue.fake_free_list_tail",
+    "KVCacheBlock.ref_cnt",
+    "KVCacheBlock.block_hash",
+    "KVCacheBlock.is_null",
+    "KVCacheBlock.prev_free_block",
+)
+
+#: The internals the token share uses on top (a scheduler lacking one only orders the queue).
+SHARE_INTERNAL_NAMES: tuple[str, ...] = (
+    "Scheduler.running",
+    "Scheduler.max_num_scheduled_tokens",
+    "Scheduler.max_num_active_reqs",
+    "Scheduler.adaptive_long_prefill_threshold",
+    "SchedulerConfig.long_prefill_token_threshold",
+    "SchedulerConfig.enable_chunked_prefill",
+    "Request.is_prefill_chunk",
+    "Request.num_computed_tokens",
+    "Request.num_tokens_with_spec",
+    "Request.num_output_placeholders",
+)
+
+
+def check_internals(scheduler: Scheduler) -> list[str]:
+    """Names from `INTERNAL_NAMES` (and the queue type) missing on this live scheduler."""
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+
+    missing: list[str] = []
+    if not isinstance(getattr(scheduler, "waiting", None), FCFSRequestQueue):
+        missing.append("Scheduler.waiting as FCFSRequestQueue (a deque)")
+    objects: dict[str, Any] = {"Scheduler": scheduler}
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    objects["KVCacheManager"] = manager
+    objects["KVCacheCoordinator"] = getattr(manager, "coordinator", None)
+    pool = getattr(manager, "block_pool", None)
+    objects["BlockPool"] = pool
+    objects["BlockHashToBlockMap"] = getattr(pool, "cached_block_hash_to_block", None)
+    objects["FreeKVCacheBlockQueue"] = getattr(pool, "free_block_queue", None)
+    objects["KVCacheBlock"] = KVCacheBlock(0)
+    for name in INTERNAL_NAMES:
+        owner, attr = name.split(".")
+        obj = objects.get(owner)
+        if obj is None or not hasattr(obj, attr):
+            missing.append(name)
+    for attr in ("request_id", "arrival_time", "num_tokens", "block_hashes", "status"):
+        if attr not in _request_attrs():
+            missing.append(f"Request.{attr}")
+    return missing
+
+
+def check_share_internals(scheduler: Scheduler) -> list[str]:
+    """Names from `SHARE_INTERNAL_NAMES` missing on this live scheduler (requests checked by
+    class)."""
+    from vllm.v1.request import Request
+
+    objects = {"Scheduler": scheduler, "SchedulerConfig": scheduler.scheduler_config}
+    init_names = set(Request.__init__.__code__.co_names) | set(dir(Request))
+    missing = []
+    for name in SHARE_INTERNAL_NAMES:
+        owner, attr = name.split(".")
+        if owner == "Request":
+            if attr not in init_names:
+                missing.append(name)
+        elif not hasattr(objects[owner], attr):
+            missing.append(name)
+    return missing
+
+
+def _request_attrs() -> set[str]:
+    """Attribute names a Request has (properties on the class, fields set in __init__)."""
+    from vllm.v1.request import Request
+
+    names = set(dir(Request))
+    init = Request.__init__.__code__
+    names.update(init.co_names)  # attribute names assigned in __init__ (self.x = ...)
+    return names

@@ -1,0 +1,598 @@
+"""The incremental cached-prefix memo: how many tokens of each waiting request vLLM has cached.
+
+Why incremental: vLLM's lookup (`KVCacheCoordinator.find_longest_cache_hit`) walks the request's
+block hashes from the start, ~1 us per cached block on a CPU core, so re-probing 1,000 waiting
+16k-token prompts every step would cost ~0.5 s. A waiting request's hit changes only if
+(a) the last block of its hit chain was evicted or (b) its next block got cached. `PrefixMemo`
+memoizes per request the hash keys of those two blocks and indexes the requests by them, so a step
+checks (a) with one C-level set difference against the block pool's hash map, (b) by looking up
+only the keys cached since the last step (the hash map is an insertion-ordered dict; see
+`PrefixMemo._grown_keys`), and does Python work only for the requests whose hit changed. A new
+request (or one whose tail was evicted) is looked up by a search over its block hashes that
+gallops from a likely length (the memo's minus one; for a new request the last hit of a request
+with the same first block); new requests are looked up at most `probe_budget` per step, oldest
+first (a burst is spread over steps and its requests are ordered as misses until probed).
+
+Why checking the last block suffices (full-attention, single KV-cache group, the only mode the
+incremental path is used in): vLLM frees a request's blocks tail first and appends them to the LRU
+end of the free queue, and a request that holds block i of a chain holds blocks 0..i-1 too. So an
+ancestor always sits behind its descendants in eviction order; while the last memoized block keeps
+its hash, every earlier block of the chain is still cached. The same argument makes the cached
+blocks of a chain prefix-closed, which is what the binary search relies on. (Exception: a KV
+connector's `evict_blocks()` after a failed KV load may drop interior blocks; the memo then
+overstates the hit until the last block goes too. Ordering is then slightly off; admission stays
+exact, because vLLM does its own lookup at admission.)
+
+vLLM's objects are read through `fairway.vllm.internals`, except `Request.block_hashes`, read
+inline (tagged) in the loops over changed hits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fairway.vllm import internals
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.request import Request
+
+#: Requests probed for the first time per step, oldest first. A burst of arrivals is spread over
+#: steps: a request not yet probed is ordered as if nothing of it were cached (h = 0).
+PROBE_BUDGET = 1_024
+#: vLLM's hash-map key of a block hash in KV-cache group 0 is the hash followed by these bytes
+#: (`internals.group_key_suffix`). The incremental memo appends them itself, one Python call
+#: less per hash-map read, and runs only where that holds (`internals.keys_are_suffixed`).
+GROUP0_SUFFIX = internals.group_key_suffix(0)
+#: Steps after which `advance()` checks every waiting request's next block against the cache
+#: even when the walk over the newly cached keys proved that nothing else was cached.
+FULL_CHECK_EVERY = 32
+#: Most first-block hints `PrefixMemo._lookup` keeps (cleared when full: they are only guesses).
+_MAX_HINTS = 4_096
+#: Keys `_grown_keys` reads from the hash map's end at a time.
+_WALK_CHUNK = 256
+
+
+@dataclass(slots=True, eq=False)
+class PrefixHit:
+    """Memo of one waiting request for one stint in the queue (dropped when it leaves).
+
+    While a request waits its tokens, arrival and status do not change, only the cache around it.
+    """
+
+    request: Request
+    #: The request's slot in the queue's columns (`QueueColumns.keys`); -1 once it left.
+    slot: int
+    arrival: float
+    num_tokens: int
+    #: Longest possible hit in blocks, (num_tokens - 1) // block_size: the hit never covers the
+    #: last token.
+    max_blocks: int
+    #: Hit length in blocks.
+    blocks: int = 0
+    #: Hash key of block `blocks` (the next one to look for; growth check); None: cannot grow.
+    next_key: bytes | None = None
+    #: Hash key of block `blocks - 1` (the chain's tail; eviction check); None: no hit.
+    last_key: bytes | None = None
+    #: False until the first lookup (a burst is probed over several steps).
+    probed: bool = False
+    #: Too long for an empty cache: never looked up (probed from the start, h = 0).
+    oversized: bool = False
+
+
+class PrefixMemo:
+    """Cached-prefix length of waiting requests by slot, without touching vLLM's state.
+
+    Read-only: no ref counts, no free-queue moves, no prefix-cache stats, no KV events (it reads the
+    block pool's hash map directly, not `get_computed_blocks`). Block-granular and capped at
+    `num_tokens - 1` like vLLM's own lookup (the last token is always computed).
+
+    Cost per step (incremental path, see the module docstring): one lookup in the next-block index
+    per key cached since the last step (growth; every next key is checked by one C-level
+    intersection every `FULL_CHECK_EVERY` steps), one C-level difference of the distinct
+    chain-tail keys with the hash map (eviction), and Python work only for the requests whose hit
+    changed. A new request costs one lookup: a search over its block hashes from the hit last found
+    for its first block (1-2 hash-map reads when they share the prefix, at most ~2 log2(blocks)
+    otherwise), valid because the cached blocks of a chain are prefix-closed in that mode. At most
+    `probe_budget` new requests are looked up per step, oldest first.
+    """
+
+    def __init__(
+        self, manager: KVCacheManager, *, caching: bool = True, probe_budget: int = PROBE_BUDGET
+    ) -> None:
+        self._manager = manager
+        self._coordinator = internals.coordinator_of(manager)
+        self._pool = internals.pool_of(manager)
+        self._hash_map: Any = None
+        self._cache: dict[bytes, Any] | None = None
+        self._cache_get: Callable[[bytes], Any] = dict().get
+        self._bind()
+        self.caching = caching
+        self.block_size = internals.block_size_of(manager)
+        #: Whether the memo is trusted (else every probed request is looked up again each step).
+        self.incremental = (
+            caching
+            and self._cache is not None
+            and internals.supports_incremental(self._coordinator, self._pool)
+        )
+        if probe_budget < 1:
+            raise ValueError(f"probe_budget must be >= 1, got {probe_budget}")
+        self.probe_budget = probe_budget
+        #: Lookups by kind since construction (tests and the benchmark read them).
+        self.num_full_lookups = 0
+        self.num_extensions = 0
+        #: The memo of each slot (None: a free slot) and its hit in tokens (the queue's
+        #: cached-tokens column), grown with the slots (`resize`).
+        self.hits: list[PrefixHit | None] = []
+        self.cached = np.zeros(0, dtype=np.int64)
+        self._pending: list[PrefixHit] = []  # not yet probed; oldest first once sorted
+        self._pending_sorted = True
+        #: Growth index: hash key of a next block -> the memos waiting for it to be cached.
+        self.by_next: dict[bytes, set[PrefixHit]] = {}
+        #: Eviction index: hash key of a chain's tail block -> the memos whose hit ends there.
+        self.by_last: dict[bytes, set[PrefixHit]] = {}
+        #: The hash map's newest key, its block and the key before it at the last `advance()`,
+        #: and the steps since the last check of every next key (see `_grown_keys`).
+        self.newest: tuple[bytes | None, Any, bytes | None] = (None, None, None)
+        self.since_full_check = 0
+        #: First block hash -> the hit length (blocks) last found for a request starting with it.
+        self.hints: dict[bytes, int] = {}
+
+    def _bind(self) -> None:
+        """(Re)read the pool's hash map; vLLM replaces it on `reset_prefix_cache()`."""
+        hash_map = internals.block_hash_map(self._pool)
+        self._hash_map = hash_map
+        raw = internals.hash_map_dict(hash_map)
+        if raw is not None:
+            self._cache, self._cache_get = raw, raw.get
+        else:  # the private dict is gone: the public getter, and no set-based checks
+            self._cache, self._cache_get = None, internals.hash_map_getter(hash_map)
+
+    # --- one request ------------------------------------------------------------------------------
+
+
+    # --- slots ------------------------------------------------------------------------------------
+
+    def resize(self, capacity: int) -> None:
+        """Room for slots 0 .. capacity - 1 (the slot table grew)."""
+        old = len(self.hits)
+        grown = np.zeros(capacity, dtype=self.cached.dtype)
+        grown[:old] = self.cached
+        self.cached = grown
+        self.hits.extend([None] * (capacity - old))
+
+    def add(
+        self, request: Request, slot: int, arrival: float, num_tokens: int, oversized: bool
+    ) -> None:
+        """Start the memo of a request seen for the first time in this stint (not looked up yet,
+        unless `oversized`: then never)."""
+        hit = PrefixHit(request, slot, arrival, num_tokens, (num_tokens - 1) // self.block_size)
+        self.hits[slot] = hit
+        self.cached[slot] = 0
+        if oversized:
+            hit.oversized = hit.probed = True  # never looked up: it cannot be admitted anyway
+            return
+        pending = self._pending
+        if pending and self._pending_sorted and arrival < pending[-1].arrival:
+            self._pending_sorted = False
+        pending.append(hit)
+
+    def remove(self, slot: int) -> None:
+        """Drop the memo of a slot (its request left the queue)."""
+        hit = self.hits[slot]
+        assert hit is not None
+        self.hits[slot] = None
+        if hit.next_key is not None:
+            _move(self.by_next, hit, hit.next_key, None)
+        if hit.last_key is not None:
+            _move(self.by_last, hit, hit.last_key, None)
+        hit.slot = -1  # also marks it gone for `_pending`
+
+    # --- one request ------------------------------------------------------------------------------
+
+    def cached_tokens(self, slot: int) -> int:
+        """Tokens of the longest cached prefix of the slot's request now (looked up or verified)."""
+        hit = self.hits[slot]
+        assert hit is not None
+        if not hit.probed:
+            self._first(hit)
+        elif not self.incremental:
+            self._lookup(hit)
+        else:
+            self._verify(hit)
+        return hit.blocks * self.block_size if self.incremental else int(self.cached[hit.slot])
+
+    def known_cached_tokens(self, slot: int) -> int | None:
+        """The slot's hit as the policy would see it now, without probing (None: not looked up
+        yet)."""
+        hit = self.hits[slot]
+        return int(self.cached[slot]) if hit is not None and hit.probed else None
+
+    def fresh_cached_tokens(self, request: Request) -> int:
+        """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
+        if not self.caching or not internals.prefix_cache_lookup_enabled(self._manager, request):
+            return 0
+        # vLLM internal: Request.block_hashes / num_tokens
+        return internals.longest_cache_hit(
+            self._coordinator, request.block_hashes, request.num_tokens - 1
+        )[1]
+
+    def hit_blocks(self, slot: int) -> list[KVCacheBlock]:
+        """The cached blocks of the slot's hit, first block first (read on demand)."""
+        hit = self.hits[slot]
+        if hit is None or not hit.probed or not self.cached[hit.slot]:
+            return []
+        request = hit.request
+        if not self.incremental:
+            groups = internals.longest_cache_hit(
+                self._coordinator, request.block_hashes, hit.num_tokens - 1  # vLLM internal
+            )[0]
+            return list(groups[0]) if len(groups) == 1 else [b for g in groups for b in g]
+        hashes = request.block_hashes  # vLLM internal: Request.block_hashes
+        blocks = []
+        for i in range(hit.blocks):
+            block = internals.one_block(self._cache_get(hashes[i] + GROUP0_SUFFIX))
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def _verify(self, hit: PrefixHit) -> None:
+        """The steady-state checks of one memo (the batch version is in `advance`)."""
+        cache_get = self._cache_get
+        if hit.last_key is not None and cache_get(hit.last_key) is None:
+            self._lookup(hit, evicted=True)
+        elif hit.next_key is not None and cache_get(hit.next_key) is not None:
+            self._extend(hit)
+
+    def _first(self, hit: PrefixHit) -> None:
+        hit.probed = True
+        manager = self._manager
+        if not self.caching or not internals.prefix_cache_lookup_enabled(manager, hit.request):
+            return  # vLLM skips the lookup for this request (prompt logprobs, pooling): h = 0
+        self._lookup(hit)
+
+    def _lookup(self, hit: PrefixHit, evicted: bool = False) -> None:
+        """From-scratch lookup of a new request, or of one whose chain's tail was evicted
+        (`evicted`: the hit is now shorter than its memo).
+
+        The cached blocks of a chain are prefix-closed (see the module docstring), so "block i
+        is cached" is monotone in i and the hit's end is found by galloping from a likely length
+        (`cached_prefix_near`): the memo's length minus one after an eviction (the tail block
+        goes first), or for a new request the length last found for a request with the same
+        first block (`hints`: shared system prompts and documents); a few hash-map reads when
+        the guess is close, instead of a binary search over the whole prompt (~log2(blocks))."""
+        self.num_full_lookups += 1
+        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        if not self.incremental:
+            tokens = internals.longest_cache_hit(self._coordinator, hashes, hit.num_tokens - 1)[1]
+            self._set(hit, tokens // self.block_size, tokens)
+            return
+        cache = self._cache
+        assert cache is not None
+        limit = min(hit.max_blocks, len(hashes))
+        if evicted:
+            limit = min(limit, hit.blocks - 1)
+            blocks = cached_prefix_near(cache, hashes, limit, limit)
+        elif limit:
+            hints = self.hints
+            blocks = cached_prefix_near(cache, hashes, min(hints.get(hashes[0], 0), limit), limit)
+            if len(hints) >= _MAX_HINTS:
+                hints.clear()
+            hints[hashes[0]] = blocks
+        else:
+            blocks = 0
+        self._set(hit, blocks)
+
+    def _shrink(self, group: list[PrefixHit]) -> None:
+        """Re-look up the hits whose chain tail (one hash key) was evicted: the key is a chain
+        hash, so they share every block up to it and their new hit is the same: one search."""
+        if not group:
+            return
+        first, *others = group
+        self._lookup(first, evicted=True)
+        if others:  # the first's new end lies within the shared chain: the same keys
+            self._set_many(others, first.blocks, first.next_key, first.last_key)
+
+    def _extend(self, hit: PrefixHit) -> None:
+        """Probe forward from the memoized length: the hit grew since the last step.
+
+        Block `hit.blocks` is cached (that is why it is extended), so the new end is found by
+        galloping up from there (`cached_prefix_near`): O(log g) hash-map reads for a growth of
+        g blocks (a re-cached 8k-token prefix is 512 blocks)."""
+        self.num_extensions += 1
+        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        cache = self._cache
+        assert cache is not None
+        limit = min(hit.max_blocks, len(hashes))
+        self._set(hit, cached_prefix_near(cache, hashes, hit.blocks, limit, at_least=True))
+
+    def extend_group(self, group: list[PrefixHit]) -> None:
+        """Extend the hits whose next block (one hash key) got cached. The key is a chain hash,
+        so they share every block up to it: the first is searched (`_extend`), and another one
+        that also shares the first's last hit block (one hash comparison) has at least the
+        first's hit, and exactly it when the block after it is the first's too (then not cached,
+        or the first's search would have passed it); otherwise it is searched from there, or on
+        its own when the chains part earlier."""
+        if not group:
+            return
+        first, *others = group
+        self._extend(first)
+        if not others:
+            return
+        cache = self._cache
+        assert cache is not None
+        shared = first.request.block_hashes  # vLLM internal: Request.block_hashes
+        end = first.blocks
+        stopped = end < min(first.max_blocks, len(shared))  # at a block that is not cached
+        same: list[PrefixHit] = []  # the first's end and keys
+        capped: list[PrefixHit] = []  # the first's end, no next block
+        for hit in others:
+            hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+            limit = min(hit.max_blocks, len(hashes))
+            if end > limit or hashes[end - 1] != shared[end - 1]:
+                self._extend(hit)  # the chains part before the first's end
+                continue
+            self.num_extensions += 1
+            if end == limit:
+                capped.append(hit)
+            elif stopped and hashes[end] == shared[end]:
+                same.append(hit)
+            else:
+                self._set(hit, cached_prefix_near(cache, hashes, end, limit, at_least=True))
+        if same:
+            self._set_many(same, end, first.next_key, first.last_key)
+        if capped:
+            self._set_many(capped, end, None, first.last_key)
+
+    def _set_many(
+        self, hits: list[PrefixHit], blocks: int, next_key: bytes | None, last_key: bytes | None
+    ) -> None:
+        """`_set(hit, blocks)` for hits known to get these keys (chains shared through them):
+        the columns in one assignment, the index moves a set at a time."""
+        old_next: dict[bytes | None, list[PrefixHit]] = {}
+        old_last: dict[bytes | None, list[PrefixHit]] = {}
+        for hit in hits:
+            hit.blocks = blocks
+            old_next.setdefault(hit.next_key, []).append(hit)
+            old_last.setdefault(hit.last_key, []).append(hit)
+            hit.next_key, hit.last_key = next_key, last_key
+        self.cached[[hit.slot for hit in hits]] = blocks * self.block_size
+        _move_many(self.by_next, hits, old_next, next_key)
+        _move_many(self.by_last, hits, old_last, last_key)
+
+    def _set(self, hit: PrefixHit, blocks: int, tokens: int | None = None) -> None:
+        """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
+        hit.blocks = blocks
+        if hit.slot >= 0:
+            self.cached[hit.slot] = blocks * self.block_size if tokens is None else tokens
+        if not self.incremental:
+            return
+        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        last_key = hashes[blocks - 1] + GROUP0_SUFFIX if blocks else None
+        can_grow = blocks < min(hit.max_blocks, len(hashes))
+        next_key = hashes[blocks] + GROUP0_SUFFIX if can_grow else None
+        if hit.slot < 0:
+            hit.next_key, hit.last_key = next_key, last_key
+            return
+        if next_key != hit.next_key:
+            _move(self.by_next, hit, hit.next_key, next_key)
+            hit.next_key = next_key
+        if last_key != hit.last_key:
+            _move(self.by_last, hit, hit.last_key, last_key)
+            hit.last_key = last_key
+
+    # --- the queue --------------------------------------------------------------------------------
+
+
+    # --- every request ----------------------------------------------------------------------------
+
+    def advance(self) -> None:
+        """Probe new requests (up to the budget) and re-verify every memo against the cache.
+
+        Also the whole pre-pass of a step that cannot admit anything: the hits stay current and a
+        burst keeps being probed while the running slots are full.
+        """
+        self.check_map()
+        if self._pending:
+            self._probe_pending()
+        if not self.incremental:
+            if self.caching:  # no memo to trust: every probed request is looked up again
+                for hit in self.hits:
+                    if hit is not None and hit.probed and not hit.oversized:
+                        self._first(hit)
+            return
+        cache = self._cache
+        assert cache is not None
+        by_last = self.by_last
+        if by_last:
+            for key in set(by_last).difference(cache):  # chain tails that were evicted
+                self._shrink(list(by_last.get(key, ())))
+        by_next = self.by_next
+        if by_next:
+            for key in self._grown_keys(cache, by_next):  # next blocks that got cached
+                self.extend_group(list(by_next.get(key, ())))
+        self.since_full_check += 1
+        self._mark_newest(cache)
+
+
+    def _grown_keys(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
+        """Keys of `by_next` that may have been cached since the last `advance()`.
+
+        The hash map is a dict, so keys cached since then come after the newest key seen last
+        time (`_mark_newest`), in insertion order: a walk back from the newest key (newest first)
+        costs O(blocks cached since), instead of a check of every waiting request's next key.
+        The walk proves itself: it must meet the remembered newest key, holding the same block,
+        with the remembered second-newest key right behind it (else a key was popped and put
+        back at the end, which vLLM does when an eviction finds another block under the hash).
+        When it cannot prove it, or after `FULL_CHECK_EVERY` steps, the whole index is checked
+        (one C-level intersection), so a growth is seen at the latest that many steps late.
+        """
+        newest, block, second = self.newest
+        if (
+            newest is None
+            or self.since_full_check >= FULL_CHECK_EVERY
+            or cache.get(newest) is not block
+        ):
+            return self._all_grown(cache, by_next)
+        grown: list[bytes] = []
+        walk = reversed(cache)
+        while len(grown) <= len(by_next):  # else as costly as the full check: do that instead
+            chunk = list(islice(walk, _WALK_CHUNK))  # newest first, read in C
+            try:
+                i = chunk.index(newest)
+            except ValueError:
+                grown += chunk
+                if len(chunk) < _WALK_CHUNK:  # the newest key is gone
+                    break
+                continue
+            if chunk[i] is not newest:  # an equal key, inserted again
+                break
+            behind = chunk[i + 1] if i + 1 < len(chunk) else next(walk, None)
+            if behind is not second:
+                break
+            grown += chunk[:i]
+            return by_next.keys() & grown  # the lookups in C, too
+        return self._all_grown(cache, by_next)
+
+    def _all_grown(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
+        self.since_full_check = 0
+        return by_next.keys() & cache.keys()
+
+    def _mark_newest(self, cache: dict[bytes, Any]) -> None:
+        """Remember the hash map's newest key, its block and the key before it (`_grown_keys`)."""
+        walk = reversed(cache)
+        newest = next(walk, None)
+        block = cache[newest] if newest is not None else None
+        self.newest = (newest, block, next(walk, None))
+
+
+    @property
+    def num_unprobed(self) -> int:
+        """Waiting requests not looked up yet (ordered as misses until they are)."""
+        return sum(1 for hit in self._pending if hit.slot >= 0 and not hit.probed)
+
+    def _probe_pending(self) -> None:
+        pending = self._pending
+        if not self._pending_sorted:
+            pending.sort(key=_arrival_of)  # stable: equal arrivals keep their order of arrival
+            self._pending_sorted = True
+        budget, k = self.probe_budget, 0
+        while k < len(pending) and budget:
+            hit = pending[k]
+            k += 1
+            if hit.slot >= 0 and not hit.probed:
+                self._first(hit)
+                budget -= 1
+        del pending[:k]
+
+
+    def check_map(self) -> None:
+        """After `reset_prefix_cache()` (a new hash map) every memo is stale: probe again."""
+        if internals.block_hash_map(self._pool) is self._hash_map:
+            return
+        self._bind()
+        self.by_next.clear()
+        self.by_last.clear()
+        self.hints.clear()
+        self.newest = (None, None, None)
+        for hit in self.hits:
+            if hit is not None and hit.probed and not hit.oversized:
+                hit.probed, hit.blocks, hit.next_key, hit.last_key = False, 0, None, None
+                self.cached[hit.slot] = 0
+                self._pending.append(hit)
+        self._pending_sorted = False
+
+
+
+def cached_prefix_near(
+    cache: dict[bytes, Any], hashes: Sequence[bytes], guess: int, hi: int, at_least: bool = False
+) -> int:
+    """The hit's length in blocks, known to lie in [0, hi], found by galloping from `guess` (a
+    likely length, 0 <= guess <= hi; `at_least`: known to be cached) away from it by 1, 2, 4, ...
+    blocks until the end is passed, then a binary search in the last gap (`_cached_prefix`):
+    O(log d) hash-map reads for an end d blocks from the guess, 1-2 when the guess is right."""
+    lo = 0
+    if not at_least and guess and hashes[guess - 1] + GROUP0_SUFFIX not in cache:
+        hi, step = guess - 1, 1  # shorter than the guess: gallop down
+        while lo < hi:
+            probe = max(lo + 1, hi - step + 1)  # is a hit of `probe` blocks cached?
+            if hashes[probe - 1] + GROUP0_SUFFIX in cache:
+                lo = probe
+                break
+            hi = probe - 1
+            step *= 2
+    else:
+        lo, step = guess, 1  # at least the guess: gallop up
+        while lo < hi:
+            probe = min(lo + step, hi)
+            if hashes[probe - 1] + GROUP0_SUFFIX not in cache:
+                hi = probe - 1
+                break
+            lo = probe
+            step *= 2
+    return _cached_prefix(cache, hashes, lo, hi)
+
+
+def _cached_prefix(cache: dict[bytes, Any], hashes: Sequence[bytes], lo: int, hi: int) -> int:
+    """The hit's length in blocks, known to lie in [lo, hi]: a binary search, valid because the
+    cached blocks of a chain are prefix-closed (block i cached means blocks 0..i are)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] + GROUP0_SUFFIX in cache:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _arrival_of(hit: PrefixHit) -> float:
+    return hit.arrival
+
+
+def _move(
+    index: dict[bytes, set[PrefixHit]], hit: PrefixHit, old: bytes | None, new: bytes | None
+) -> None:
+    """Move `hit` from key `old` to key `new` in a key -> hits index (None: not indexed)."""
+    if old is not None:
+        holders = index.get(old)
+        if holders is not None:
+            holders.discard(hit)
+            if not holders:
+                del index[old]
+    if new is not None:
+        holders = index.get(new)
+        if holders is None:
+            index[new] = {hit}
+        else:
+            holders.add(hit)
+
+
+def _move_many(
+    index: dict[bytes, set[PrefixHit]],
+    hits: list[PrefixHit],
+    old: dict[bytes | None, list[PrefixHit]],
+    new: bytes | None,
+) -> None:
+    """`_move` for many hits: from their old keys (`old`: key -> its hits) to `new`."""
+    for key, leaving in old.items():
+        if key is None or key == new:
+            continue
+        holders = index.get(key)
+        if holders is not None:
+            holders.difference_update(leaving)
+            if not holders:
+                del index[key]
+    if new is not None:
+        index.setdefault(new, set()).update(hits)
+
+
+# --- the queue view -------------------------------------------------------------------------------
+
+
