@@ -51,7 +51,7 @@ def build(offline: Any, n: int, every: int | None, out_dir: Path, running: int) 
 
 def time_hooks(sched: Any) -> list[float]:
     """Wrap the observer's hooks to record their time (seconds, one entry per step)."""
-    observer = sched._fairway_observer
+    observer = sched.fairway_observer
     spent: list[float] = []
     inner_schedule, inner_update = observer.after_schedule, observer.after_update
 
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 median = statistics.median(samples[arm])
                 hook_ms = statistics.fmean(hooks[arm]) * 1e3
                 hook_median_ms = statistics.median(hooks[arm]) * 1e3
-                records = scheds[arm]._fairway_observer.trace
+                records = scheds[arm].fairway_observer.trace
                 rows.append({"waiting": n, "arm": arm, "median_step_ms": median * 1e3,
                              "vs_off": median / base, "hooks_mean_ms": hook_ms,
                              "hooks_median_ms": hook_median_ms,

@@ -4,7 +4,7 @@ One `StepObserver` per scheduler, built only when something is on (vLLM's `log_s
 histograms, the `decision_trace` option for the trace); otherwise the scheduler holds None and
 pays one `is None` check per hook. The hooks run after vLLM's `schedule()` and after
 `update_from_output()`, read what vLLM decided, and change nothing. A failure in them is counted
-and logged once like a policy failure (`_fairway_fallback`) and never reaches the engine.
+and logged once like a policy failure (`fairway_fallback`) and never reaches the engine.
 
 Definitions (the same as the reports'):
     queue time: arrival -> admission (the step that first schedules the request);
@@ -59,7 +59,7 @@ class StepObserver:
             if self.trace is not None:
                 self._trace(output, placed, now, [request_id for request_id, _, _ in new])
         except Exception as exc:  # noqa: BLE001 - reporting must never stop the engine
-            sched._fairway_fallback(exc, "recording queue metrics / the decision trace",
+            sched.fairway_fallback(exc, "recording queue metrics / the decision trace",
                                     "the step's output is unchanged")
 
     def after_update(self, result: Any = None) -> None:
@@ -96,7 +96,7 @@ class StepObserver:
                     del pending[request_id]
         except Exception as exc:  # noqa: BLE001
             pending.clear()
-            sched._fairway_fallback(exc, "recording TTFT", "the step's output is unchanged")
+            sched.fairway_fallback(exc, "recording TTFT", "the step's output is unchanged")
 
     def _trace(self, output: SchedulerOutput, placed: Any, now: float, new: list[str]) -> None:
         sched = self.scheduler

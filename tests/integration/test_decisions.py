@@ -84,7 +84,7 @@ def test_ttft_checks_reported_requests_and_sweeps_the_aborted(offline, helpers):
     sched = offline.make_offline_scheduler(
         "fairway", max_num_batched_tokens=64, max_num_seqs=4, long_prefill_token_threshold=20
     )
-    observer = sched._fairway_observer
+    observer = sched.fairway_observer
     seen: list[str] = []
     observer.latency.observe_ttft = lambda cache, seconds: seen.append(cache)
     checked: list[str] = []
@@ -121,7 +121,7 @@ def test_ttft_checks_reported_requests_and_sweeps_the_aborted(offline, helpers):
 
 def test_observer_is_off_without_log_stats_and_trace(offline):
     sched = offline.make_offline_scheduler("fairway", log_stats=False)
-    assert sched._fairway_observer is None
+    assert sched.fairway_observer is None
 
 
 def test_decision_trace_records_the_head_and_admissions(offline, helpers, tmp_path):
@@ -149,7 +149,7 @@ def test_decision_trace_records_the_head_and_admissions(offline, helpers, tmp_pa
     assert step["share"]["front_id"] in rows and "waiting_order" not in step["share"]
     for row in step["head"]:
         assert row["admitted"] == (row["id"] in step["admitted"])
-    assert sched._fairway_observer.trace.records == len(records)
+    assert sched.fairway_observer.trace.records == len(records)
 
 
 def test_decision_trace_every_n_and_rotation(offline, helpers, tmp_path):
@@ -178,9 +178,9 @@ def test_a_failing_observer_never_stops_the_engine(offline, helpers, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    sched._fairway_observer.trace.after_step = broken
-    if sched._fairway_observer.latency is not None:
-        sched._fairway_observer.latency.observe_ttft = broken
+    sched.fairway_observer.trace.after_step = broken
+    if sched.fairway_observer.latency is not None:
+        sched.fairway_observer.latency.observe_ttft = broken
     for k in range(4):
         sched.add_request(offline.make_request(f"r{k}", helpers.tokens(1000 * k, 100), 1.0))
     outputs = offline.run_until_idle(sched)

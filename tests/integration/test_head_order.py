@@ -38,7 +38,7 @@ def _build(offline, policy: str, head_only: bool, max_num_seqs: int):
     sched = offline.make_offline_scheduler(
         policy, num_blocks=400, max_num_batched_tokens=256, max_num_seqs=max_num_seqs
     )
-    sched._fairway_head_only = head_only
+    sched.fairway_prepass.head_only = head_only
     return sched
 
 
@@ -80,14 +80,14 @@ def test_head_order_schedules_as_the_full_order(offline, helpers, policy, max_nu
         clock = [0.0]
         sched.fairway_clock = lambda clock=clock: clock[0]
         shorter: list[bool] = []
-        plan = sched._fairway_plan
+        plan = sched.fairway_prepass.order_queue
 
         def spy(current, plan=plan, shorter=shorter, sched=sched):
             bound = internals.scan_bound(sched)
             shorter.append(bound is not None and bound < len(current))
             return plan(current)
 
-        sched._fairway_plan = spy
+        sched.fairway_prepass.order_queue = spy
         records.append(_steps(offline, sched, workload, clock, 600))
         assert not sched.has_requests()
         assert sched.fairway_totals.policy_fallbacks == 0

@@ -211,10 +211,10 @@ def test_self_check_names_the_vllm_version(offline, monkeypatch):
 
 def test_self_calibrate_option_wires_the_calibration(offline, helpers):
     sched = offline.make_offline_scheduler("fairway", fairway_options={"self_calibrate": True})
-    assert sched.fairway_options.self_calibrate and sched._fairway_calibration is not None
+    assert sched.fairway_options.self_calibrate and sched.fairway_calibration is not None
     for i in range(3):
         sched.add_request(offline.make_request(f"c{i}", helpers.tokens(1_000 * i, 200), 1.0))
     offline.run_until_idle(sched)
     assert not sched.requests and sched.fairway_totals.policy_fallbacks == 0
     off = offline.make_offline_scheduler("fcfs")
-    assert not off.fairway_options.self_calibrate and off._fairway_calibration is None
+    assert not off.fairway_options.self_calibrate and off.fairway_calibration is None

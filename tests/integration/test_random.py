@@ -23,9 +23,14 @@ def _spy(base):
     class Spy(base):
         """Records the waiting queue right before and right after Fairway's re-sort."""
 
-        def _fairway_reorder(self):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            reorder = self.fairway_prepass.reorder
+            self.fairway_prepass.reorder = lambda: self._spied_reorder(reorder)
+
+        def _spied_reorder(self, reorder):
             before = [r.request_id for r in self.waiting]
-            placed = super()._fairway_reorder()
+            placed = reorder()
             after = [r.request_id for r in self.waiting]
             assert Counter(after) == Counter(before), "re-sort must permute the queue"
             assert len(set(after)) == len(after), "no request twice in the queue"
@@ -38,7 +43,7 @@ def _spy(base):
                 # the queue is the order applied (after the preempted requests kept first)
                 ordered = [views[i].request_id for i in self.fairway_last_order]
                 assert after[placed.num_fixed : placed.num_fixed + len(ordered)] == ordered
-                self.head_orders += isinstance(self._fairway_last.order, HeadOrder)
+                self.head_orders += isinstance(self.fairway_prepass.last.order, HeadOrder)
             self.spy_steps += 1
             return placed
 

@@ -1,0 +1,370 @@
+"""The per-step pre-pass of a Fairway scheduler: order the waiting queue, plan the step, book it.
+
+`FairwaySchedulerMixin` (fairway.vllm.scheduler) keeps only vLLM's hooks it overrides
+(`add_request`, `schedule`, `update_from_output`); everything it does around vLLM's own step lives
+in one `StepPrepass` object it owns: the policy, the prefix probe, the step's plan, the stats. Every
+method that runs inside the engine's step catches what goes wrong, counts it and keeps vLLM's own
+behaviour for that step: the ordering can never stop the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from vllm.logger import init_logger
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.request import Request
+
+from fairway.errors import FairwayError
+from fairway.options import FairwayOptions
+from fairway.policies import Policy
+from fairway.policies.queue import (
+    UNPLACED_LANE,
+    HeadOrder,
+    Ordering,
+    QueueColumns,
+    Step,
+    StepPlan,
+    check_head,
+    check_order,
+)
+from fairway.vllm import internals, protect, share
+from fairway.vllm.metrics import FairwayMetrics, FairwayStats
+from fairway.vllm.probe import PrefixProbe
+
+if TYPE_CHECKING:
+    from fairway.vllm.scheduler import FairwaySchedulerMixin
+
+logger = init_logger(__name__)
+
+
+@dataclass(slots=True)
+class Placed:
+    """What the pre-pass did this step, for the after-step bookkeeping."""
+
+    queue: list[Request]  # the new order of the waiting queue
+    num_fixed: int  # preempted requests kept at the head
+    num_ordered: int  # requests the policy ordered, right after the fixed ones
+    lanes: Sequence[str] | None  # lane per ordered position (Fairway), None: one lane
+    #: Lane of each request admitted from the ordered positions (set after the step).
+    admitted_lanes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LastOrder:
+    """The policy's input and output at the last ordered step (views built only when read)."""
+
+    columns: QueueColumns | None = None
+    order: np.ndarray | HeadOrder | None = None
+    #: The policy's answer (lanes, plan) at that step.
+    ordering: Ordering | None = None
+
+
+class PolicyOrderError(FairwayError):
+    """The policy's `ordering()` did not return a permutation of the queue's indices."""
+
+
+class StepPrepass:
+    """Fairway's state and work around each vLLM step, for one scheduler.
+
+    Attributes (read by the scheduler's public properties, tests, the replay and benchmarks):
+        options / policy: the resolved `FairwayOptions` and the policy object (it may keep
+            state across steps).
+        probe: the incremental `PrefixProbe` (it also keeps the queue's numpy columns).
+        stats / totals: `FairwayStats` of the step in progress and since construction.
+        metrics: the Prometheus series (None when the engine logs no stats).
+        plans: whether the policy's step plans are applied (`plans_steps` and chunked prefill).
+        head_only: tell the policy how far vLLM's scan reaches (tests set it False to compare
+            with the full order).
+        step_plan / last_plan: the plan of the step in progress / of the last planned step
+            (None after an idle step).
+        last: the policy's input and output at the last ordered step.
+    """
+
+    def __init__(
+        self,
+        scheduler: FairwaySchedulerMixin,
+        options: FairwayOptions,
+        policy: Policy,
+        probe: PrefixProbe,
+        metrics: FairwayMetrics | None,
+        plans: bool,
+        top_k: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self.options = options
+        self.policy = policy
+        self.probe = probe
+        self.metrics = metrics
+        self.plans = plans
+        self.top_k = top_k
+        self.head_only = True
+        self.stats = FairwayStats()
+        self.totals = FairwayStats()
+        self.rejected: set[str] = set()
+        self.failed_types: set[type] = set()
+        self.last = LastOrder()
+        self.ran = False
+        #: Steps whose ordering was skipped because no request slot was free.
+        self.steps_skipped = 0
+        self.step_plan: StepPlan | None = None
+        self.last_plan: StepPlan | None = None
+
+    # --- before the step --------------------------------------------------------------------------
+
+    def reorder(self) -> Placed | None:
+        """Re-sort `self.waiting`; on any failure leave it as it is. Never raises.
+
+        When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
+        the queue keeps its last order and only the probe advances (new arrivals within its
+        budget, changed hits). For a policy that plans steps only when no running request is
+        in prefill either (its plan also caps the running prefills): nothing is contested, and
+        the policy is told so (`idle_step`).
+        """
+        queue = internals.waiting_queue(self.scheduler)
+        self.ran = bool(queue)
+        try:
+            if not queue or not internals.can_admit(self.scheduler):
+                contested = (
+                    bool(queue) and self.plans and internals.has_running_prefill(self.scheduler)
+                )
+                if not contested:
+                    if queue and self.plans:
+                        self.policy.idle_step()
+                        self.last_plan = None
+                    self.skip(queue)
+                    return None
+        except Exception as exc:  # noqa: BLE001
+            self.fallback(exc)
+            return None
+        current = list(queue)
+        try:
+            placed = self.order_queue(current)
+        except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
+            self.fallback(exc)
+            return None
+        if placed.queue is not current:
+            internals.reorder_queue(queue, placed.queue)
+        if self.options.protect_enabled:
+            self.protect_blocks(placed.queue)
+        return placed
+
+    def skip(self, queue: Any) -> None:
+        """A step without ordering: the probe advances (new arrivals within its budget, changed
+        hits); memos of requests that left without being admitted are dropped."""
+        memo = self.probe
+        if len(memo) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
+            memo.snapshot(list(queue))
+        if queue:
+            memo.advance()
+            self.steps_skipped += 1
+            oldest = memo.oldest_arrival()
+            self.stats.oldest_waiting_age_s = max(0.0, self.scheduler.fairway_clock() - oldest)
+
+    def order_queue(self, current: list[Request]) -> Placed:
+        """The new queue order (a permutation of `current`), or an exception."""
+        snap = self.probe.snapshot(current)
+        cols = snap.columns
+        assert cols is not None
+        n = len(cols)
+        ordering = self.ask_policy(cols, snap.fixed)
+        try:
+            if isinstance(ordering.order, HeadOrder):  # checked and applied from its head
+                check_head(ordering.order, n)
+                order: np.ndarray | HeadOrder = ordering.order
+            else:
+                order, moved = check_order(ordering.order, n)
+        except ValueError as exc:
+            raise PolicyOrderError(
+                f"policy {self.options.policy!r} did not return a permutation of "
+                f"range({n}): {exc}"
+            ) from None
+        self.probe.mark_given(cols)
+        if isinstance(order, HeadOrder):
+            queue = self.probe.arrange_head(snap, order)
+        else:
+            queue = self.probe.arrange(snap, order, moved)
+        for request in snap.oversized:
+            self.reject(request)
+        lanes = ordering.lanes
+        if lanes is not None and len(lanes) != n:
+            lanes = None
+        self.last = LastOrder(cols, order, ordering)
+        stats = self.stats
+        stats.steps_ordered += 1
+        if n:
+            stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
+            oldest = cols.arrival.item(cols.oldest_row)
+            stats.oldest_waiting_age_s = max(0.0, self.scheduler.fairway_clock() - oldest)
+        return Placed(queue, snap.num_fixed, n, lanes)
+
+    # --- the policy's one call, and the step plan (policies with `plans_steps`) ----------------
+
+    def ask_policy(self, waiting: QueueColumns, ahead: list[Request]) -> Ordering:
+        """Ask the policy for this step's order (and plan); raises like the policy may.
+
+        The one call of the policy: `Step` says how far vLLM's scan reaches and, for a policy
+        that plans steps, the step's budget and running prefills. A policy that does not plan
+        steps is not asked when nothing is orderable."""
+        now = self.scheduler.fairway_clock()
+        if not self.plans:
+            if not len(waiting):
+                return Ordering([])
+            head = internals.scan_bound(self.scheduler) if self.head_only else None
+            return self.policy.ordering(waiting, Step(now, head))
+        prefilling, decode_tokens = internals.running_prefills(self.scheduler)
+        firsts = [(r.request_id, r.num_tokens - self.probe.cached_tokens(r)) for r in ahead]
+        free = internals.free_slots(self.scheduler)
+        head = internals.scan_bound(self.scheduler, free) if self.head_only else None
+        budget = share.step_budget(self.scheduler, decode_tokens, firsts, free)
+        ordering = self.policy.ordering(waiting, Step(now, head, budget, prefilling))
+        self.step_plan = self.last_plan = ordering.plan
+        return ordering
+
+    def apply_plan(self, placed: Placed | None) -> share.ShareUndo | None:
+        """Apply the step's plan to vLLM's knobs for this `schedule()` call. Never raises.
+
+        With an empty waiting queue the plan is made here (running prefills only).
+        """
+        if not self.plans:
+            return None
+        try:
+            if placed is None and not internals.waiting_queue(self.scheduler):
+                self.ask_policy(QueueColumns.of([]), [])
+            if self.step_plan is None:
+                return None
+            return share.apply(self.scheduler, self.step_plan)
+        except Exception as exc:  # noqa: BLE001
+            self.step_plan = None
+            self.fallback(exc, "applying the token share", "vLLM's split is kept")
+            return None
+
+    def book_plan(self, output: SchedulerOutput, admitted_ids: list[str]) -> None:
+        """Give the policy the prefill tokens vLLM scheduled per request; count them by lane."""
+        plan = self.step_plan
+        assert plan is not None
+        by_request = internals.prefill_by_request(self.scheduler, output)
+        total = sum(by_request.values())
+        self.policy.on_step_end(admitted_ids, total, prefill_by_request=by_request)
+        lanes = plan.lanes
+        fair = sum(n for rid, n in by_request.items() if lanes.get(rid) == "fair")
+        lane_tokens = self.stats.lane_prefill_tokens
+        lane_tokens["fair"] += fair
+        lane_tokens["fast"] += total - fair
+
+    def reject(self, request: Request) -> None:
+        """Finish a request that can never fit (once); it already sits behind everyone."""
+        request_id, _, num_tokens = internals.request_fields(request)
+        if request_id in self.rejected:
+            return
+        self.rejected.add(request_id)
+        self.stats.oversized_rejected += 1
+        protect.log_oversized(
+            request_id, num_tokens, self.probe.block_size, internals.usable_blocks(self.scheduler)
+        )
+        internals.report_request_error(self.scheduler, request_id)
+
+    def protect_blocks(self, queue: list[Request]) -> None:
+        """Soft eviction protection of the first K requests' cached blocks. Never raises."""
+        try:
+            hit_blocks = self.probe.hit_blocks
+            chains = (hit_blocks(r) for r in queue[: self.top_k])
+            free_queue = internals.free_block_queue(self.scheduler)
+            self.stats.protected_blocks += protect.protect_hit_blocks(free_queue, chains)
+        except Exception as exc:  # noqa: BLE001
+            self.fallback(exc, "protecting cached blocks", "no protection this step")
+
+    def fallback(
+        self,
+        exc: Exception,
+        what: str = "ordering the waiting queue",
+        outcome: str = "vLLM's order is kept for this step",
+    ) -> None:
+        """Count the failure; log it once per exception type (no request ids in the args)."""
+        self.stats.policy_fallbacks += 1
+        kind = type(exc)
+        if kind in self.failed_types:
+            return
+        self.failed_types.add(kind)
+        logger.warning(
+            "Fairway: %s failed while %s (policy %s); %s and the engine keeps serving. Counted "
+            "in fairway:policy_fallbacks_total; this message is logged once per exception type.",
+            kind.__name__,
+            what,
+            self.options.policy,
+            outcome,
+            exc_info=exc,
+        )
+
+    # --- after the step ---------------------------------------------------------------------------
+
+    def after_step(
+        self, output: SchedulerOutput, placed: Placed | None, prepass_s: float
+    ) -> None:
+        """Tell the policy what was admitted; forget who left; publish stats. Never raises."""
+        stats = self.stats
+        try:
+            started = internals.started_ids(output)
+            if started:  # they left the waiting queue
+                requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
+                self.probe.forget(requests[rid] for rid in started if rid in requests)
+            admitted: list[Request] = []
+            if self.ran:
+                stats.prepass_s.append(prepass_s)
+            if placed is not None:
+                admitted = self.admitted(output, placed)
+            elif not self.ran:
+                stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
+            admitted_ids = [r.request_id for r in admitted]  # vLLM internal: Request.request_id
+            if self.step_plan is not None:
+                self.book_plan(output, admitted_ids)
+            elif placed is not None:
+                prefill = internals.prefill_tokens(self.scheduler, output)
+                self.policy.on_step_end(admitted_ids, prefill)
+            self.trim()
+        except Exception as exc:  # noqa: BLE001
+            self.fallback(exc, "finishing the step", "the step's output is unchanged")
+        if self.metrics is not None or self.ran:
+            if self.metrics is not None:
+                self.metrics.record(stats)
+            self.totals.add(stats)
+            stats.reset()
+
+    def admitted(self, output: SchedulerOutput, placed: Placed) -> list[Request]:
+        """Requests admitted from our order, in admission order; counts them by lane.
+
+        vLLM pops admitted requests from the head and puts skipped ones back at the head, so the
+        admitted ones lie within the first (scheduled + skipped) positions of our order. One
+        admitted past an exact head (vLLM skipped more than `internals.scan_bound` foresaw) was
+        placed by no lane and is not counted.
+        """
+        scheduled = internals.scheduled_tokens(output)
+        if not scheduled:
+            return []
+        limit = len(scheduled) + internals.deferred_count(self.scheduler)
+        admitted: list[Request] = []
+        placed_counts = self.stats.placed
+        admitted_lanes = placed.admitted_lanes
+        for k, request in enumerate(placed.queue[:limit]):
+            if request.request_id not in scheduled:  # vLLM internal: Request.request_id
+                continue
+            admitted.append(request)
+            ordered_pos = k - placed.num_fixed
+            if 0 <= ordered_pos < placed.num_ordered:  # not preempted-first, not oversized
+                lane = placed.lanes[ordered_pos] if placed.lanes is not None else "single"
+                admitted_lanes[request.request_id] = lane
+                if lane != UNPLACED_LANE:  # past an exact head: no lane placed it
+                    placed_counts[lane] = placed_counts.get(lane, 0) + 1
+        return admitted
+
+    def trim(self) -> None:
+        """Forget rejected ids of requests that are gone (the probe drops its own entries)."""
+        if len(self.rejected) <= 64:
+            return
+        requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
+        self.rejected = {rid for rid in self.rejected if rid in requests}
+
+
