@@ -96,7 +96,7 @@ SCENARIOS = (
     Scenario("mooncake", load=1.0, overrides={"load": 1.0}),
     Scenario("mooncake", load=1.3, cache_fraction=0.15, overrides={"load": 1.3}),
     # Long context: the presets as shipped (their own loads), at the step budget they are meant
-    # for; hit-heavy-long's cache holds its hot contexts (as hit-heavy's in FAIRWAY.md).
+    # for; hit-heavy-long's cache holds its hot contexts (as hit-heavy's in `hit_miss_split.py`).
     Scenario("hit-heavy-long", cache_fraction=1.5,
              max_num_batched_tokens=LONG_CONTEXT_BATCHED_TOKENS),
     Scenario("mooncake-long", max_num_batched_tokens=LONG_CONTEXT_BATCHED_TOKENS),

@@ -8,7 +8,7 @@ scheduled (`fairway.replay.results.HIT_DEFINITION`). Each preset is replayed wit
 is meant for, which one `fairway bench` run cannot give several traces (its flags hold for all):
 
 * `hit-heavy` (after SGLang #31954): cache 1.5 x the reusable content (the hot contexts stay
-  cached), 2,048-token steps; the FAIRWAY.md table of `fairway bench --trace hit-heavy ...`;
+  cached), 2,048-token steps;
 * `hit-heavy-long`: the same at long context (hot contexts of 32k-64k tokens), 8,192-token steps;
 * `mooncake-long`: the conversation trace with prompts up to the 131,072-token context, cache 0.3,
   8,192-token steps.
@@ -16,8 +16,8 @@ is meant for, which one `fairway bench` run cannot give several traces (its flag
 Per preset the split for every phase and over all requests, then the goals on the
 long-context presets, per policy: hits' median <= 1.1 x LPM's and misses' p99 <= 1.1 x FCFS's,
 over every request but the warm-ups (which compute the hot contexts once, as misses under every
-order). Policies: fcfs, lpm, klpm-4, hrrn, fairway-step, fairway (as the FAIRWAY.md
-hit-heavy command), or `--policy`. Writes hit_miss.md / hit_miss.json and one JSON per replay.
+order). Policies: fcfs, lpm, klpm-4, hrrn, fairway-step, fairway (the table of docs/results.md,
+"Hit / miss split"), or `--policy`. Writes hit_miss.md / hit_miss.json and one JSON per replay.
 """
 
 from __future__ import annotations

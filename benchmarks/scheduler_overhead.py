@@ -470,7 +470,7 @@ def speed_scaled(results: list[ArmResult]) -> dict[str, Any] | None:
     Fairway's own times at 1,000 waiting scaled to that speed; None without vLLM's admitting
     steps at 1,000 waiting in `results`.
 
-    A shared VM's speed drifts (2x within an hour on the 2-core VM of FAIRWAY.md), and every arm
+    A shared VM's speed drifts (2x within an hour on docs/results.md's 2-core VM), and every arm
     slows with it. vLLM's own admitting step on this workload is the yardstick: it took ~1.4 ms on
     the reference machine, so a run where it takes X ms ran X / 1.4 times slower, and Fairway's own
     time x 1.4 / X is what the same run would have shown at the reference speed. The goal is
