@@ -57,7 +57,7 @@ OTHER_ENV_VARS: dict[str, str] = {
 OTHER_ENV_PREFIXES = ("FAIRWAY_E2E_",)
 _JSON_SOURCE = "--additional-config"
 #: The ordering a server uses when none is given: `fairway`, the seed's work charges carried
-#: across steps (FAIRWAY.md, "Results", has the measurements behind the choice).
+#: across steps (docs/results.md has the measurements behind the choice).
 DEFAULT_POLICY = "fairway"
 
 _PositiveInt = Annotated[int, Field(strict=True, ge=1)]

@@ -8,7 +8,7 @@ use the same Fast-lane score and the same merge (`fairway.policies.lanes`).
 Read `FairwayPolicy.plan` first: the step's rule in plain Python over the whole lanes (its
 `order` is the seed's, `fairway-step`'s). `ordering` below it is what the engine runs: the same
 plan from the first entries of each lane only, found by partial selections over the queue's
-numpy columns; tests/unit/test_columns.py (hypothesis) keeps the two equal.
+numpy columns; tests/unit/test_queue.py (hypothesis) keeps the two equal.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ merge (`fairway.policies.lanes`).
 
 Read `FairwayStepPolicy.order` first: the rule in plain Python. `ordering` below it is what the
 engine runs, the same rule over numpy columns and, when vLLM's scan reaches only the head of the
-queue, for that head only; tests/unit/test_order_head.py and tests/unit/test_columns.py
+queue, for that head only; tests/unit/test_fairway_step_reference.py and tests/unit/test_queue.py
 (hypothesis) keep the two equal position for position and lane for lane.
 """
 

@@ -31,7 +31,7 @@ from fairway.policies.queue import (
     check_head,
     check_order,
 )
-from fairway.vllm import internals, protect, share
+from fairway.vllm import internals, protect, step_plan
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 from fairway.vllm.probe import PrefixProbe
 
@@ -219,12 +219,12 @@ class StepPrepass:
         firsts = [(r.request_id, r.num_tokens - self.probe.cached_tokens(r)) for r in ahead]
         free = internals.free_slots(self.scheduler)
         head = internals.scan_bound(self.scheduler, free) if self.head_only else None
-        budget = share.step_budget(self.scheduler, decode_tokens, firsts, free)
+        budget = step_plan.step_budget(self.scheduler, decode_tokens, firsts, free)
         ordering = self.policy.ordering(waiting, Step(now, head, budget, prefilling))
         self.step_plan = self.last_plan = ordering.plan
         return ordering
 
-    def apply_plan(self, placed: Placed | None) -> share.ShareUndo | None:
+    def apply_plan(self, placed: Placed | None) -> step_plan.PlanUndo | None:
         """Apply the step's plan to vLLM's knobs for this `schedule()` call. Never raises.
 
         With an empty waiting queue the plan is made here (running prefills only).
@@ -236,10 +236,10 @@ class StepPrepass:
                 self.ask_policy(QueueColumns.of([]), [])
             if self.step_plan is None:
                 return None
-            return share.apply(self.scheduler, self.step_plan)
+            return step_plan.apply(self.scheduler, self.step_plan)
         except Exception as exc:  # noqa: BLE001
             self.step_plan = None
-            self.fallback(exc, "applying the token share", "vLLM's split is kept")
+            self.fallback(exc, "applying the step plan", "vLLM's split is kept")
             return None
 
     def book_plan(self, output: SchedulerOutput, admitted_ids: list[str]) -> None:

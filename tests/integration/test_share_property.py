@@ -277,7 +277,7 @@ def test_long_miss_running_does_not_block_hits(offline, helpers):
 def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
     """A failing share never stops the engine: vLLM's own step (order, threshold, running list),
     counted as a fallback; an exception inside vLLM's schedule() still restores the settings."""
-    from fairway.vllm import share
+    from fairway.vllm import step_plan
 
     sched = offline.make_offline_scheduler("fairway", num_blocks=500, max_num_batched_tokens=64)
     sched.add_request(offline.make_request("seed", PREFIX, 0.0))
@@ -290,7 +290,7 @@ def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
     if inject == "ordering_raises":
         monkeypatch.setattr(sched.fairway_policy, "ordering", _boom)
     elif inject == "apply_raises":
-        monkeypatch.setattr(share, "apply", _boom)
+        monkeypatch.setattr(step_plan, "apply", _boom)
     else:
         out, _ = offline.step(sched)  # contested (r5 the oldest, r0 the best hit): applied
         assert sched.fairway_last_plan.cap is not None

@@ -1,11 +1,11 @@
-"""Applying a cross-step policy's `StepShare` to one vLLM step, and taking it back afterwards.
+"""Applying a cross-step policy's `StepPlan` to one vLLM step, and taking it back afterwards.
 
 vLLM's `schedule()` serves the RUNNING list first, in list order, then the waiting queue in
 order; every request is capped by `scheduler_config.long_prefill_token_threshold` (re-read at
 the start of every step; vLLM forces it to 0 when only one request exists) and by the budget left.
-A share is applied with exactly those knobs, for the duration of one `schedule()` call:
+A plan is applied with exactly those knobs, for the duration of one `schedule()` call:
 
-* the cap: the threshold is set to the share's cap (and vLLM's adaptive floor,
+* the cap: the threshold is set to the plan's cap (and vLLM's adaptive floor,
   `long_prefill_token_threshold_adaptive`, is suspended: it would raise the cap);
 * the running order: the prefills named in `running_order` are served in that order, in the
   list positions that prefilling requests hold (decodes keep theirs);
@@ -13,12 +13,12 @@ A share is applied with exactly those knobs, for the duration of one `schedule()
   limit `max_num_active_reqs` shrinks by as many, so vLLM cannot start more requests than it
   has slots for).
 
-`ShareUndo.restore()` (called in `finally`) puts everything back: the configured threshold and
+`PlanUndo.restore()` (called in `finally`) puts everything back: the configured threshold and
 adaptive flag, the held requests, and the running list's own order (requests vLLM preempted in
 the step stay out, requests it started stay appended). The engine never sees the temporary values
 outside `schedule()`.
 
-Every vLLM field read or set here goes through `fairway.vllm.internals` (the names the share
+Every vLLM field read or set here goes through `fairway.vllm.internals` (the names a step plan
 needs: `internals.SHARE_INTERNAL_NAMES`).
 """
 
@@ -53,7 +53,7 @@ def step_budget(
 
 
 @dataclass(slots=True)
-class ShareUndo:
+class PlanUndo:
     """What `apply()` changed, to put back after `schedule()`."""
 
     scheduler: Any
@@ -84,25 +84,25 @@ class ShareUndo:
         now[:] = kept
 
 
-def apply(scheduler: Scheduler, share: StepPlan) -> ShareUndo:
+def apply(scheduler: Scheduler, plan: StepPlan) -> PlanUndo:
     """Set the step's cap, running order and hold-back; return how to undo it."""
     threshold, adaptive = internals.prefill_cap(scheduler)
-    undo = ShareUndo(
+    undo = PlanUndo(
         scheduler, threshold=threshold, adaptive=adaptive, active=internals.active_limit(scheduler)
     )
-    if share.cap is None:
+    if plan.cap is None:
         return undo
     running = internals.running_requests(scheduler)
-    reorder = len(share.running_order) > 1
-    if reorder or share.hold:  # the list's own order, to put back
+    reorder = len(plan.running_order) > 1
+    if reorder or plan.hold:  # the list's own order, to put back
         undo.running = list(running)
     try:
-        internals.set_prefill_cap(scheduler, share.cap, False)
+        internals.set_prefill_cap(scheduler, plan.cap, False)
         if reorder:
-            undo.reordered = _reorder_running(running, share.running_order)
-        if share.hold:
-            undo.held = [r for r in running if r.request_id in share.hold]
-            running[:] = [r for r in running if r.request_id not in share.hold]
+            undo.reordered = _reorder_running(running, plan.running_order)
+        if plan.hold:
+            undo.held = [r for r in running if r.request_id in plan.hold]
+            running[:] = [r for r in running if r.request_id not in plan.hold]
             internals.set_active_limit(scheduler, undo.active - len(undo.held))
     except BaseException:
         undo.restore()
