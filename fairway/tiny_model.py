@@ -181,7 +181,7 @@ def _tokenizer_config(max_len: int) -> dict[str, Any]:
 def _byte_level_vocab(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Vocabulary (specials, 256 byte symbols in byte order, then merges) and the merge list."""
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    symbol = _bytes_to_symbols()
+    symbol = bytes_to_symbols()
     for byte in range(256):
         vocab[symbol[byte]] = len(vocab)
     merges: list[tuple[str, str]] = []
@@ -201,7 +201,7 @@ def _merge_pairs(symbol: dict[int, str]) -> Iterator[tuple[str, str]]:
             yield left, right
 
 
-def _bytes_to_symbols() -> dict[int, str]:
+def bytes_to_symbols() -> dict[int, str]:
     """GPT-2's printable stand-in for each byte (the alphabet of the ByteLevel pre-tokenizer).
 
     Printable Latin-1 bytes stand for themselves; the others are shifted to code points from 256

@@ -5,8 +5,9 @@ Only the per-GPU queue; Preble's global (multi-GPU routing) scheduler is out of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
 
 from fairway.policies.base import Policy, register_policy
@@ -76,6 +77,13 @@ class PreblePolicy(Policy):
         if h == 0 or length == 0:
             return 0
         return -(-cls.NUM_GROUPS * h // length) - 1  # ceil(10·h/L) − 1, exactly
+
+    @property
+    def remembered(self) -> Mapping[str, int]:
+        """What the policy keeps across steps, by request id: the group each waiting id was given.
+
+        Ids that left the queue are forgotten at the next call: memory is bounded by the queue."""
+        return MappingProxyType(self._group)
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         """Return G's quota, then the other groups in rotation order, then G's overflow."""

@@ -178,7 +178,7 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     import platformdirs  # imported here: only the fallback needs it
 
     return Path(platformdirs.user_cache_dir("fairway")) / "data"
@@ -194,7 +194,7 @@ def candidate_dirs() -> list[tuple[Path, str]]:
         candidate = (base.parent / "shared" / "data").resolve()
         if candidate.is_dir() and all(candidate != c for c, _ in out):
             out.append((candidate, f"../shared/data next to the {how}"))
-    out.append((_cache_dir(), "user cache directory"))
+    out.append((cache_dir(), "user cache directory"))
     return out
 
 
@@ -264,7 +264,7 @@ class DownloadResult:
 
 def _default_dest() -> Path:
     env = os.environ.get(ENV_VAR)
-    return Path(env).expanduser() if env else _cache_dir()
+    return Path(env).expanduser() if env else cache_dir()
 
 
 def _content_sha256(src: DataSource, path: Path) -> str:

@@ -77,7 +77,7 @@ class FairwaySchedulerMixin(_SchedulerBase):
         # In-process callers (replay, tests) pass the object; a server resolves JSON + FAIRWAY_*.
         options = fairway_options or FairwayOptions.from_vllm_config(self.vllm_config)
         policy = options.build_policy()
-        _check_engine_config(self.vllm_config, options, policy)
+        check_engine_config(self.vllm_config, options, policy)
         _check_internals(self)
         manager = internals.kv_cache_manager(self)
         metrics = (
@@ -267,7 +267,7 @@ def _async_scheduling(vllm_config: Any) -> bool:
 # --- start-up checks ------------------------------------------------------------------------------
 
 
-def _check_engine_config(vllm_config: Any, options: FairwayOptions, policy: Any) -> None:
+def check_engine_config(vllm_config: Any, options: FairwayOptions, policy: Any) -> None:
     """Refuse engine settings Fairway cannot work with; the fix comes first in the message."""
     queue_policy = vllm_config.scheduler_config.policy
     if queue_policy != "fcfs":

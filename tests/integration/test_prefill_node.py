@@ -154,7 +154,7 @@ def test_ray_tensor_parallel_config_passes_fairway_checks(offline) -> None:
     from vllm.config import ParallelConfig, VllmConfig
 
     from fairway.options import FairwayOptions
-    from fairway.vllm.scheduler import FairwayScheduler, _check_engine_config
+    from fairway.vllm.scheduler import FairwayScheduler, check_engine_config
 
     parallel = ParallelConfig(distributed_executor_backend="ray", tensor_parallel_size=2)
     assert parallel.distributed_executor_backend == "ray" and parallel.world_size == 2
@@ -170,4 +170,4 @@ def test_ray_tensor_parallel_config_passes_fairway_checks(offline) -> None:
     config.scheduler_config.scheduler_cls = "fairway.vllm.scheduler.FairwayScheduler"
     assert config.scheduler_config.get_scheduler_cls() is FairwayScheduler
     options = FairwayOptions.from_vllm_config(config)
-    _check_engine_config(config, options, options.build_policy())  # raises on a bad config
+    check_engine_config(config, options, options.build_policy())  # raises on a bad config

@@ -163,7 +163,7 @@ def test_lpm_forgets_ids_that_left() -> None:
     policy.order(step1, now=2)
     step2 = [req("a", 0, 1000)]  # b admitted
     assert policy.order(step2, now=3) == [0]
-    assert set(policy._rank) == {"a"}
+    assert set(policy.remembered) == {"a"}
     # b preempted and back: a new sighting, appended after a although it is no younger
     step3 = [req("b", 1, 1000), req("a", 0, 1000)]
     assert ids(step3, policy.order(step3, now=4)) == ["a", "b"]
@@ -354,13 +354,13 @@ def test_preble_buckets_once_and_forgets() -> None:
     # x's hit is now full, but x stays in group 0; w is new in group 0 too
     step2 = [req("w", 2, 100, 5), req("x", 0, 100, 100)]
     assert ids(step2, policy.order(step2, 2)) == ["x", "w"]
-    assert policy._group == {"w": 0, "x": 0}  # y left: forgotten
+    assert dict(policy.remembered) == {"w": 0, "x": 0}  # y left: forgotten
     # x admitted, then back (preempted): bucketed again with its hit now
     step3 = [req("w", 2, 100, 5)]
     policy.order(step3, 3)
     step4 = [req("w", 2, 100, 5), req("x", 0, 100, 100)]
     policy.order(step4, 4)
-    assert policy._group == {"w": 0, "x": 9}
+    assert dict(policy.remembered) == {"w": 0, "x": 9}
 
 
 # --- PEEK-proxy ---------------------------------------------------------------------------------
@@ -428,7 +428,7 @@ def test_hrrn_uses_uncached_work_and_forgets() -> None:
     policy.on_step_end([], 100)
     assert ids(queue, policy.order(queue, 1)) == ["warm", "cold"]  # 100 / 10 vs 100 / 1000
     policy.order(queue[:1], 2)  # warm admitted: forgotten
-    assert set(policy._seen) == {"cold"}
+    assert set(policy.remembered) == {"cold"}
     policy.order(queue, 3)  # warm back (preempted): ages from zero again
     assert ids(queue, policy.order(queue, 3)) == ["cold", "warm"]
 

@@ -423,9 +423,9 @@ def test_byte_level_tokenizer_round_trips_every_byte(tmp_path: Path):
 def test_byte_symbols_match_the_tokenizers_alphabet():
     from tokenizers import pre_tokenizers
 
-    from fairway.tiny_model import _bytes_to_symbols
+    from fairway.tiny_model import bytes_to_symbols
 
-    assert set(_bytes_to_symbols().values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert set(bytes_to_symbols().values()) == set(pre_tokenizers.ByteLevel.alphabet())
 
 
 # --- a plain `vllm serve` command line (the plugin's early check) ---------------------------------

@@ -42,14 +42,14 @@ def test_shared_data_next_to_repository(tmp_path: Path, monkeypatch: pytest.Monk
 def test_cache_dir_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FAIRWAY_DATA", raising=False)
     monkeypatch.setattr(data, "_repo_root", lambda: tmp_path / "a" / "repo")
-    monkeypatch.setattr(data, "_cache_dir", lambda: tmp_path / "cache" / "data")
+    monkeypatch.setattr(data, "cache_dir", lambda: tmp_path / "cache" / "data")
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "b")
     assert resolve_data_dir() == (tmp_path / "cache" / "data", "user cache directory")
 
 
 def test_real_cache_dir_is_under_fairway() -> None:
-    path = data._cache_dir()
+    path = data.cache_dir()
     assert path.name == "data" and "fairway" in str(path)
 
 
@@ -141,7 +141,7 @@ def test_file_found_in_later_directory(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(tmp_path / "work")
     monkeypatch.setattr(data, "_repo_root", lambda: tmp_path / "work")
     cache = tmp_path / "cache" / "data"
-    monkeypatch.setattr(data, "_cache_dir", lambda: cache)
+    monkeypatch.setattr(data, "cache_dir", lambda: cache)
     (cache / "musique").mkdir(parents=True)
     (cache / "musique" / "m.jsonl").write_text("{}\n")
     assert data_dir() == (tmp_path / "shared" / "data").resolve()
