@@ -9,7 +9,7 @@ behaviour for that step: the ordering can never stop the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 from fairway.vllm.probe import PrefixProbe
 
 if TYPE_CHECKING:
-    from fairway.vllm.scheduler import FairwaySchedulerMixin
+    from vllm.v1.core.sched.scheduler import Scheduler
 
 logger = init_logger(__name__)
 
@@ -86,15 +86,18 @@ class StepPrepass:
 
     def __init__(
         self,
-        scheduler: FairwaySchedulerMixin,
+        scheduler: Scheduler,
         options: FairwayOptions,
         policy: Policy,
         probe: PrefixProbe,
         metrics: FairwayMetrics | None,
         plans: bool,
         top_k: int,
+        clock: Callable[[], float],
     ) -> None:
         self.scheduler = scheduler
+        #: `() -> seconds`, the `now` given to the policy (the scheduler's `fairway_clock`).
+        self.clock = clock
         self.options = options
         self.policy = policy
         self.probe = probe
@@ -162,7 +165,7 @@ class StepPrepass:
             memo.advance()
             self.steps_skipped += 1
             oldest = memo.oldest_arrival()
-            self.stats.oldest_waiting_age_s = max(0.0, self.scheduler.fairway_clock() - oldest)
+            self.stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
 
     def order_queue(self, current: list[Request]) -> Placed:
         """The new queue order (a permutation of `current`), or an exception."""
@@ -198,7 +201,7 @@ class StepPrepass:
         if n:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
             oldest = cols.arrival.item(cols.oldest_row)
-            stats.oldest_waiting_age_s = max(0.0, self.scheduler.fairway_clock() - oldest)
+            stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
         return Placed(queue, snap.num_fixed, n, lanes)
 
     # --- the policy's one call, and the step plan (policies with `plans_steps`) ----------------
@@ -209,7 +212,7 @@ class StepPrepass:
         The one call of the policy: `Step` says how far vLLM's scan reaches and, for a policy
         that plans steps, the step's budget and running prefills. A policy that does not plan
         steps is not asked when nothing is orderable."""
-        now = self.scheduler.fairway_clock()
+        now = self.clock()
         if not self.plans:
             if not len(waiting):
                 return Ordering([])

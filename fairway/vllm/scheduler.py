@@ -68,8 +68,6 @@ class FairwaySchedulerMixin(_SchedulerBase):
             to the attribute (or call `set_fairway_clock`) for a virtual clock.
     """
 
-    fairway_clock: Callable[[], float] = staticmethod(time.time)
-
     def __init__(
         self, *args: Any, fairway_options: FairwayOptions | None = None, **kwargs: Any
     ) -> None:
@@ -102,6 +100,7 @@ class FairwaySchedulerMixin(_SchedulerBase):
             metrics,
             plans=_plan_enabled(self, policy),
             top_k=options.top_k(self.scheduler_config.max_num_seqs),
+            clock=time.time,
         )
         plugin.attach_vllm_logging()  # also when the entry point is not installed
         self.fairway_calibration = (
@@ -109,6 +108,15 @@ class FairwaySchedulerMixin(_SchedulerBase):
         )
         self.fairway_observer = observe.for_scheduler(self)
         _log_start(options, policy, self)
+
+    @property
+    def fairway_clock(self) -> Callable[[], float]:
+        """`() -> seconds`, the `now` given to the policy (wall clock, `time.time`, by default)."""
+        return self.fairway_prepass.clock
+
+    @fairway_clock.setter
+    def fairway_clock(self, clock: Callable[[], float]) -> None:
+        self.fairway_prepass.clock = clock
 
     def set_fairway_clock(self, clock: Callable[[], float]) -> None:
         """Use `clock` for `now` (e.g. the virtual clock of `fairway.replay.sim`)."""
