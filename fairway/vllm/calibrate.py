@@ -163,8 +163,8 @@ class SchedulerCalibration:
         if self._gauges is not None:
             for n, series in self._gauges.items():
                 series.set(profile.prefill_s(n))
-        if first:
-            model = self.calibrator.model()
+        model = self.calibrator.model() if first else None  # set whenever a profile is
+        if model is not None:
             logger.info(
                 "Fairway self-calibration is in use after %d steps: step_s = %.4g + %.4g*tokens "
                 "+ %.4g*pairs; T(2048) = %.4g s.",

@@ -36,8 +36,16 @@ if TYPE_CHECKING:
 
 
 def waiting_queue(scheduler: Scheduler) -> FCFSRequestQueue:
-    """The queue Fairway orders: new and preempted requests that hold no KV blocks."""
-    return scheduler.waiting  # vLLM internal: Scheduler.waiting
+    """The queue Fairway orders: new and preempted requests that hold no KV blocks.
+
+    vLLM types the field as any `RequestQueue`; a Fairway scheduler refuses to start unless it
+    is the FCFS deque (`check_internals`), so the check here states what start-up established.
+    """
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+
+    queue = scheduler.waiting  # vLLM internal: Scheduler.waiting
+    assert isinstance(queue, FCFSRequestQueue), "check_internals admits only the FCFS queue"
+    return queue
 
 
 def reorder_queue(queue: FCFSRequestQueue, requests: Sequence[Request]) -> None:
@@ -414,16 +422,17 @@ def one_block(entry: Any) -> KVCacheBlock | None:
 def group_key_suffix(group_id: int = 0) -> bytes:
     """What vLLM's hash-map key of a block hash appends to the hash for a KV-cache group
     (`make_block_hash_with_group_id`, 0.32: the group id in 4 big-endian bytes)."""
-    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+    from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 
-    return make_block_hash_with_group_id(b"", group_id)  # vLLM internal: the key's encoding
+    # vLLM internal: the key's encoding
+    return make_block_hash_with_group_id(BlockHash(b""), group_id)
 
 
 def keys_are_suffixed() -> bool:
     """Whether vLLM builds a group-0 key by appending `group_key_suffix()` to the block hash."""
-    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+    from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 
-    sample = bytes(range(32))
+    sample = BlockHash(bytes(range(32)))
     return make_block_hash_with_group_id(sample, 0) == sample + group_key_suffix()
 
 
@@ -446,11 +455,11 @@ def supports_incremental(coordinator: KVCacheCoordinator, pool: BlockPool) -> bo
     )
 
 
-def _eagle_groups(coordinator: Any) -> set[int]:
+def _eagle_groups(coordinator: KVCacheCoordinator) -> set[int]:
     # vLLM internal: KVCacheCoordinator.eagle_group_ids (0.33 adds drop_eagle_group_ids)
-    groups = getattr(coordinator, "drop_eagle_group_ids", None)
+    groups: Iterable[int] | None = getattr(coordinator, "drop_eagle_group_ids", None)
     if groups is None:
-        groups = getattr(coordinator, "eagle_group_ids", set())
+        return set(getattr(coordinator, "eagle_group_ids", set()))
     return set(groups)
 
 

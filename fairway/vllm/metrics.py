@@ -244,7 +244,7 @@ class FairwayMetrics:
             self._work_min.set(stats.queue_work_min_tokens or 0)
 
 
-# --- queue time and TTFT by cache hit/miss and lane (issue 14) ----------------------------------
+# --- queue time and TTFT by cache hit/miss and lane -----------------------------------------------
 
 #: A request is a cache "hit" when its cached prefix at admission is at least this share of its
 #: prompt (the same definition as the reports').

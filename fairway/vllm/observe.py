@@ -57,7 +57,7 @@ class StepObserver:
                     self.latency.observe_queue(cache, lane, now - request.arrival_time)
                     self._pending[request_id] = (request, cache)
             if self.trace is not None:
-                self._trace(output, placed, now, [request_id for request_id, _, _ in new])
+                self._trace(self.trace, output, placed, now, [rid for rid, _, _ in new])
         except Exception as exc:  # noqa: BLE001 - reporting must never stop the engine
             sched.fairway_fallback(exc, "recording queue metrics / the decision trace",
                                     "the step's output is unchanged")
@@ -74,7 +74,8 @@ class StepObserver:
         (aborted).
         """
         pending = self._pending
-        if not pending:
+        latency = self.latency
+        if not pending or latency is None:  # only first admissions with metrics are pending
             return
         sched = self.scheduler
         try:
@@ -90,7 +91,7 @@ class StepObserver:
                     continue
                 request, cache = entry
                 if request.num_output_tokens > 0:
-                    self.latency.observe_ttft(cache, now - request.arrival_time)  # type: ignore[union-attr]
+                    latency.observe_ttft(cache, now - request.arrival_time)
                     del pending[request_id]
                 elif request.is_finished():  # aborted or failed before its first token
                     del pending[request_id]
@@ -98,14 +99,21 @@ class StepObserver:
             pending.clear()
             sched.fairway_fallback(exc, "recording TTFT", "the step's output is unchanged")
 
-    def _trace(self, output: SchedulerOutput, placed: Any, now: float, new: list[str]) -> None:
+    def _trace(
+        self,
+        trace: DecisionTrace,
+        output: SchedulerOutput,
+        placed: Any,
+        now: float,
+        new: list[str],
+    ) -> None:
         sched = self.scheduler
         scheduled = internals.scheduled_tokens(output)
         if placed is None and not new and not len(internals.waiting_queue(sched)):
             return  # nothing was waiting: no decision to record
         resumed = internals.resumed_ids(output)
         ordering = sched.fairway_last_ordering
-        self.trace.after_step(  # type: ignore[union-attr]
+        trace.after_step(
             now=now,
             policy=sched.fairway_policy,
             ordered=placed is not None,
@@ -139,13 +147,15 @@ def for_scheduler(scheduler: Any) -> StepObserver | None:
     metrics = scheduler.fairway_metrics
     latency = LatencyMetrics(metrics.labels) if metrics is not None else None
     settings = trace_settings(scheduler.fairway_options)
-    try:
-        trace = DecisionTrace(settings) if settings is not None else None
-    except OSError as exc:
-        raise FairwayConfigError(
-            f"Fairway option decision_trace={settings.path!r}: cannot open it for writing "  # type: ignore[union-attr]
-            f"({exc.strerror or exc}); give a writable path or leave the option out"
-        ) from None
+    trace: DecisionTrace | None = None
+    if settings is not None:
+        try:
+            trace = DecisionTrace(settings)
+        except OSError as exc:
+            raise FairwayConfigError(
+                f"Fairway option decision_trace={settings.path!r}: cannot open it for writing "
+                f"({exc.strerror or exc}); give a writable path or leave the option out"
+            ) from None
     if latency is None and trace is None:
         return None
     return StepObserver(scheduler, latency, trace)

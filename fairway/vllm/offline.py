@@ -204,16 +204,24 @@ def make_offline_scheduler(
     )
     cache_config.num_gpu_blocks = num_blocks
     register_all_kvcache_specs(vllm_config)
-    cls = scheduler_cls or _default_class(policy, async_scheduling)
-    fairway_kw = {} if options is None else {"fairway_options": options}
-    return cls(
-        **fairway_kw,
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=block_size,
-        log_stats=log_stats,
+    cls = scheduler_cls or _default_class(options is not None, async_scheduling)
+    manager = StructuredOutputManager(vllm_config)
+    if options is None:
+        return cls(
+            vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+            structured_output_manager=manager, block_size=block_size, log_stats=log_stats,
+        )
+    from fairway.vllm.scheduler import FairwaySchedulerMixin
+
+    if not issubclass(cls, FairwaySchedulerMixin):
+        raise TypeError(f"a Fairway policy needs a Fairway scheduler class, not {cls.__name__}")
+    fairway_cls: type[FairwaySchedulerMixin] = cls  # the mixin's __init__ takes the options
+    scheduler = fairway_cls(
+        fairway_options=options, vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        structured_output_manager=manager, block_size=block_size, log_stats=log_stats,
     )
+    assert isinstance(scheduler, Scheduler)
+    return scheduler
 
 
 def _split_overrides(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -236,8 +244,8 @@ def _split_overrides(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict
     return sched_kw, cache_kw
 
 
-def _default_class(policy: str | None, async_scheduling: bool) -> type[Scheduler]:
-    if policy is None:
+def _default_class(fairway: bool, async_scheduling: bool) -> type[Scheduler]:
+    if not fairway:
         return AsyncScheduler if async_scheduling else Scheduler
     from fairway.vllm.scheduler import FairwayAsyncScheduler, FairwayScheduler
 
