@@ -34,9 +34,8 @@ from fairway.replay.results import ReplayResult, RequestResult
 from fairway.traces.stats import trace_stats
 
 if TYPE_CHECKING:
-    from vllm.v1.core.sched.scheduler import Scheduler
-
     from fairway.traces.format import Trace, TraceRequest
+    from fairway.vllm.scheduler import FairwayScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -432,7 +431,7 @@ def replay(
 class _Loop:
     """The event loop of one replay: arrivals, steps, clock, recording."""
 
-    def __init__(self, trace: Trace, scheduler: Scheduler, cost: StepTimeModel,
+    def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
                  clock: VirtualClock, block_size: int, progress: bool,
                  hooks: ReplayHooks | None) -> None:
         from fairway.vllm import offline  # lazy, as every vLLM-side import here
