@@ -97,12 +97,6 @@ class PrefillProfile:
             result[above] = times[-1] + slope * (prompt_tokens[above] - lengths[-1])
         return result
 
-    def patience_s(
-        self, prompt_tokens: float, multiplier: float = 3.0, floor_s: float = 1.0
-    ) -> float:
-        """The SLO of a request: max(floor_s, multiplier x T(prompt_tokens))."""
-        return max(floor_s, multiplier * self.prefill_s(prompt_tokens))
-
     def capacity_tps(self, chunk_tokens: int = 2048) -> float:
         """Prefill throughput in tokens/s when every step computes `chunk_tokens` fresh tokens.
 

@@ -4,7 +4,7 @@ vLLM's scheduler, request, KV-cache and output objects are not a public API: the
 between releases. Fairway touches them only through the functions here (and, in the per-request
 inner loops of `prefix_memo` and `queue_slots`, through a few `Request` fields read inline, where
 a call per request would be the cost the overhead goal bounds). Each access is tagged
-`# vLLM internal: <name>`; `check_internals()` and `check_share_internals()` test the names when
+`# vLLM internal: <name>`; `check_internals()` and `check_step_plan_internals()` test the names when
 a Fairway scheduler starts, and `tests/integration/test_compat_names.py` tests them against a new
 vLLM before the pin moves.
 
@@ -250,7 +250,7 @@ def report_request_error(scheduler: Scheduler, request_id: str) -> bool:
     return True
 
 
-# --- the running list and the step's knobs (the token share) --------------------------------------
+# --- the running list and the step's knobs (the step plan) --------------------------------------
 
 
 def running_requests(scheduler: Scheduler) -> list[Request]:
@@ -524,8 +524,8 @@ INTERNAL_NAMES: tuple[str, ...] = (
     "KVCacheBlock.prev_free_block",
 )
 
-#: The internals the token share uses on top (a scheduler lacking one only orders the queue).
-SHARE_INTERNAL_NAMES: tuple[str, ...] = (
+#: The internals a step plan uses on top (a scheduler lacking one only orders the queue).
+STEP_PLAN_INTERNAL_NAMES: tuple[str, ...] = (
     "Scheduler.running",
     "Scheduler.max_num_scheduled_tokens",
     "Scheduler.max_num_active_reqs",
@@ -567,15 +567,15 @@ def check_internals(scheduler: Scheduler) -> list[str]:
     return missing
 
 
-def check_share_internals(scheduler: Scheduler) -> list[str]:
-    """Names from `SHARE_INTERNAL_NAMES` missing on this live scheduler (requests checked by
+def check_step_plan_internals(scheduler: Scheduler) -> list[str]:
+    """Names from `STEP_PLAN_INTERNAL_NAMES` missing on this live scheduler (requests checked by
     class)."""
     from vllm.v1.request import Request
 
     objects = {"Scheduler": scheduler, "SchedulerConfig": scheduler.scheduler_config}
     init_names = set(Request.__init__.__code__.co_names) | set(dir(Request))
     missing = []
-    for name in SHARE_INTERNAL_NAMES:
+    for name in STEP_PLAN_INTERNAL_NAMES:
         owner, attr = name.split(".")
         if owner == "Request":
             if attr not in init_names:

@@ -29,8 +29,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LABELS = ("model_name", "engine", "policy")
 #: Lanes of `fairway:requests_placed_total`: Fairway's two lanes, or "single" for one-lane policies.
 LANES = ("fast", "fair", "single")
-#: Lanes of `fairway:lane_prefill_tokens_total` (policies with a cross-step share only).
-SHARE_LANES = ("fast", "fair")
+#: Lanes of `fairway:lane_prefill_tokens_total` (policies that plan steps only).
+PLAN_LANES = ("fast", "fair")
 _PREPASS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 
 
@@ -78,7 +78,7 @@ class FairwayStats:
     queue_work_min_tokens: int | None = None
     #: Prefill tokens vLLM scheduled per lane (`fairway`: by the lane that placed each request).
     lane_prefill_tokens: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(SHARE_LANES, 0)
+        default_factory=lambda: dict.fromkeys(PLAN_LANES, 0)
     )
     #: Age in seconds of the oldest waiting request at the last step (0: none waited).
     oldest_waiting_age_s: float | None = None
@@ -87,7 +87,7 @@ class FairwayStats:
         """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
         taken = FairwayStats(**{name: getattr(self, name) for name in _STATS_FIELDS})
         self.placed = dict.fromkeys(LANES, 0)  # `taken` keeps the old containers
-        self.lane_prefill_tokens = dict.fromkeys(SHARE_LANES, 0)
+        self.lane_prefill_tokens = dict.fromkeys(PLAN_LANES, 0)
         self.prepass_s = []
         self.reset()
         return taken
@@ -127,7 +127,7 @@ _STATS_FIELDS = tuple(f.name for f in fields(FairwayStats))
 _collectors: dict[str, Any] | None = None
 
 
-def _get_collectors() -> dict[str, Any]:
+def collectors() -> dict[str, Any]:
     """Process-wide metric objects (created once; a scheduler adds its own label values)."""
     global _collectors
     if _collectors is None:
@@ -198,21 +198,21 @@ class FairwayMetrics:
     """The Prometheus series of one scheduler (one label set), fed from `FairwayStats`."""
 
     def __init__(self, model_name: str, engine: str, policy: str) -> None:
-        collectors = _get_collectors()
+        series = collectors()
         labels = (model_name, engine, policy)
         self.labels = dict(zip(LABELS, labels, strict=True))
-        self._steps = collectors["steps"].labels(*labels)
-        self._fallbacks = collectors["fallbacks"].labels(*labels)
-        self._oversized = collectors["oversized"].labels(*labels)
-        self._protected = collectors["protected"].labels(*labels)
-        self._prepass = collectors["prepass"].labels(*labels)
-        self._work_max = collectors["work_max"].labels(*labels)
-        self._work_min = collectors["work_min"].labels(*labels)
-        self._placed = {lane: collectors["placed"].labels(*labels, lane) for lane in LANES}
+        self._steps = series["steps"].labels(*labels)
+        self._fallbacks = series["fallbacks"].labels(*labels)
+        self._oversized = series["oversized"].labels(*labels)
+        self._protected = series["protected"].labels(*labels)
+        self._prepass = series["prepass"].labels(*labels)
+        self._work_max = series["work_max"].labels(*labels)
+        self._work_min = series["work_min"].labels(*labels)
+        self._placed = {lane: series["placed"].labels(*labels, lane) for lane in LANES}
         self._lane_tokens = {
-            lane: collectors["lane_tokens"].labels(*labels, lane) for lane in SHARE_LANES
+            lane: series["lane_tokens"].labels(*labels, lane) for lane in PLAN_LANES
         }
-        self._oldest_age = collectors["oldest_age"].labels(*labels)
+        self._oldest_age = series["oldest_age"].labels(*labels)
         # Create every series at 0 so that a scrape shows them before the first request.
         for counter in (self._steps, self._fallbacks, self._oversized, self._protected):
             counter.inc(0)
@@ -267,8 +267,8 @@ def cache_label(cached_tokens: int, prompt_tokens: int) -> str:
     return "hit" if cached_tokens >= HIT_SHARE * prompt_tokens and prompt_tokens > 0 else "miss"
 
 
-def _get_latency_collectors() -> dict[str, Histogram]:
-    """The hit/miss histograms (separate from `_get_collectors` so either can change alone)."""
+def latency_collectors() -> dict[str, Histogram]:
+    """The hit/miss histograms (separate from `collectors` so either can change alone)."""
     global _latency_collectors
     if _latency_collectors is None:
         _latency_collectors = {
@@ -296,7 +296,7 @@ class LatencyMetrics:
     """`fairway:queue_time_seconds` and `fairway:ttft_seconds` of one scheduler (one label set)."""
 
     def __init__(self, labels: Mapping[str, str]) -> None:
-        collectors = _get_latency_collectors()
+        collectors = latency_collectors()
         values = tuple(labels[name] for name in LABELS)
         self._queue = {
             (cache, lane): collectors["queue"].labels(*values, cache, lane)

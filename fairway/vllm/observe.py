@@ -38,7 +38,7 @@ class StepObserver:
         self.latency = latency
         self.trace = trace
         #: Admitted requests still waiting for their first token: id -> (request, cache label).
-        self._pending: dict[str, tuple[Request, str]] = {}
+        self.pending: dict[str, tuple[Request, str]] = {}
         self._updates = 0  # since the last check of every pending request
 
     def after_schedule(self, output: SchedulerOutput, placed: Any) -> None:
@@ -55,7 +55,7 @@ class StepObserver:
                     cache = cache_label(computed, request.num_prompt_tokens)
                     lane = lanes.get(request_id, NO_LANE)
                     self.latency.observe_queue(cache, lane, now - request.arrival_time)
-                    self._pending[request_id] = (request, cache)
+                    self.pending[request_id] = (request, cache)
             if self.trace is not None:
                 self._trace(self.trace, output, placed, now, [rid for rid, _, _ in new])
         except Exception as exc:  # noqa: BLE001 - reporting must never stop the engine
@@ -73,7 +73,7 @@ class StepObserver:
         pending request is checked, which also drops those that finished without a token
         (aborted).
         """
-        pending = self._pending
+        pending = self.pending
         latency = self.latency
         if not pending or latency is None:  # only first admissions with metrics are pending
             return

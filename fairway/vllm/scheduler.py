@@ -296,7 +296,7 @@ def _plan_enabled(scheduler: Any, policy: policies.Policy) -> bool:
     """Whether the policy's step plans are applied; says why not at start-up."""
     if not type(policy).plans_steps:
         return False
-    missing = internals.check_share_internals(scheduler)
+    missing = internals.check_step_plan_internals(scheduler)
     if missing:
         logger.warning(
             "Fairway: policy %s orders the queue but cannot split the step's tokens: vLLM "
@@ -345,7 +345,8 @@ def _log_start(options: FairwayOptions, policy: Any, scheduler: Any) -> None:
         dict(options.sources) or "defaults",
         scheduler.fairway_probe.incremental,
     )
-    if "profile" in policies.param_names(options.policy) and getattr(policy, "profile", 1) is None:
+    params = policy.params()
+    if "profile" in params and params["profile"] is None:
         logger.warning(
             "Fairway: no prefill-time profile for policy %s, so every request's patience is "
             "the floor (patience_floor_s=%s s) whatever its length. Run `fairway profile` on "
@@ -353,5 +354,5 @@ def _log_start(options: FairwayOptions, policy: Any, scheduler: Any) -> None:
             '\'{"fairway": {"profile": "PATH"}}\' or FAIRWAY_PROFILE=PATH (a shipped estimate: '
             "a6000-llama3.1-8b-estimate).",
             options.policy,
-            getattr(policy, "patience_floor_s", "?"),
+            params.get("patience_floor_s", "?"),
         )

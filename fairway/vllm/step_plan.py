@@ -19,7 +19,7 @@ the step stay out, requests it started stay appended). The engine never sees the
 outside `schedule()`.
 
 Every vLLM field read or set here goes through `fairway.vllm.internals` (the names a step plan
-needs: `internals.SHARE_INTERNAL_NAMES`).
+needs: `internals.STEP_PLAN_INTERNAL_NAMES`).
 """
 
 from __future__ import annotations

@@ -94,11 +94,11 @@ def test_ttft_checks_reported_requests_and_sweeps_the_aborted(offline, helpers):
             checked.append(key)
             return super().get(key, default)
 
-    observer._pending = Watched()
+    observer.pending = Watched()
     for name in ("A", "B", "C"):
         sched.add_request(offline.make_request(name, helpers.tokens(1_000 * ord(name), 120), 1.0))
     offline.step(sched)  # all three admitted (vLLM's cap: 20 tokens each), the rest later
-    assert set(observer._pending) == {"A", "B", "C"}
+    assert set(observer.pending) == {"A", "B", "C"}
     sched.finish_requests("B", RequestStatus.FINISHED_ABORTED)
     checked.clear()
     for _ in range(10):  # until A's and C's prefills end (at most 64 tokens per step)
@@ -106,17 +106,17 @@ def test_ttft_checks_reported_requests_and_sweeps_the_aborted(offline, helpers):
         if len(seen) == 2:
             break
     assert set(checked) <= {"A", "C"} and seen == ["miss", "miss"]
-    assert set(observer._pending) == {"B"}  # aborted: no output names it
+    assert set(observer.pending) == {"B"}  # aborted: no output names it
     request = offline.make_request("D", helpers.tokens(7_000, 8), 1.0)
     sched.add_request(request)
     offline.step(sched)  # D's first token comes, reported as usual
     assert seen == ["miss"] * 3
     for _ in range(SWEEP_EVERY):
         observer.after_update({})
-    assert not observer._pending  # swept
-    observer._pending["D2"] = (request, "hit")  # D again: a request that has its token
+    assert not observer.pending  # swept
+    observer.pending["D2"] = (request, "hit")  # D again: a request that has its token
     observer.after_update(None)  # not vLLM's dict of outputs: every pending request checked
-    assert seen == ["miss"] * 3 + ["hit"] and not observer._pending
+    assert seen == ["miss"] * 3 + ["hit"] and not observer.pending
 
 
 def test_observer_is_off_without_log_stats_and_trace(offline):

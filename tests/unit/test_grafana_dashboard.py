@@ -19,7 +19,7 @@ _SUFFIXES = {Counter: ("_total",), Gauge: ("",), Histogram: ("_bucket", "_sum", 
 def _fairway_samples() -> set[str]:
     """Sample names of every `fairway:` collector (counter foo -> foo_total, ...)."""
     names = set()
-    collectors = {**metrics._get_collectors(), **metrics._get_latency_collectors()}
+    collectors = {**metrics.collectors(), **metrics.latency_collectors()}
     for collector in collectors.values():
         for kind, suffixes in _SUFFIXES.items():
             if isinstance(collector, kind):

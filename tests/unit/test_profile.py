@@ -39,9 +39,14 @@ def test_single_point_extrapolates_proportionally() -> None:
 
 
 def test_patience_has_a_floor() -> None:
-    assert TABLE.patience_s(100) == pytest.approx(1.0)  # 3 x 0.1 < 1 s floor
-    assert TABLE.patience_s(400, multiplier=3) == pytest.approx(1.5)
-    assert TABLE.patience_s(400, multiplier=3, floor_s=2.0) == pytest.approx(2.0)
+    """The policies' one patience function reads the table: max(floor, multiplier x T(L))."""
+    from fairway.policies import get
+
+    assert get("fairway", profile=TABLE).patience_s(100) == pytest.approx(1.0)  # 3 x 0.1 < 1 s
+    tripled = get("fairway", profile=TABLE, patience_multiplier=3)
+    assert tripled.patience_s(400) == pytest.approx(1.5)
+    floored = get("fairway", profile=TABLE, patience_multiplier=3, patience_floor_s=2.0)
+    assert floored.patience_s(400) == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize(
