@@ -102,11 +102,8 @@ class FastLanePolicy(Policy):
 
     def scores(self, queue: QueueColumns, now: float) -> np.ndarray:
         """`fast_score` of every row, float64 (the same IEEE operations in the same order)."""
-        wait = np.subtract(now, queue.arrival)
-        np.maximum(wait, 0.0, out=wait)
-        wait /= self.wait_units(queue)
-        scores: np.ndarray = np.divide(queue.cached_tokens, queue.remaining)
-        scores += wait
+        wait = np.maximum(now - queue.arrival, 0.0) / self.wait_units(queue)
+        scores: np.ndarray = queue.cached_tokens / queue.remaining + wait
         return scores
 
 
