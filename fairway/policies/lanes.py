@@ -102,11 +102,8 @@ class FastLanePolicy(Policy):
 
     def scores(self, queue: QueueColumns, now: float) -> np.ndarray:
         """`fast_score` of every row, float64 (the same IEEE operations in the same order)."""
-        wait = np.subtract(now, queue.arrival)
-        np.maximum(wait, 0.0, out=wait)
-        wait /= self.wait_units(queue)
-        scores: np.ndarray = np.divide(queue.cached_tokens, queue.remaining)
-        scores += wait
+        wait = np.maximum(now - queue.arrival, 0.0) / self.wait_units(queue)
+        scores: np.ndarray = queue.cached_tokens / queue.remaining + wait
         return scores
 
 
@@ -200,6 +197,7 @@ def merge(
 # The merge reads each lane only at its first entry not yet placed, so k placements read at most
 # the first k entries of each lane: a partial selection (O(n)) of those rows, every row tied with
 # the k-th kept, then sorted by the lane's own keys, gives exactly the whole lane's first k.
+# speed: scheduler_overhead.py busy 10000 fairway-step: 1.96 ms -> 0.54 ms per step (vs sorts)
 
 
 def fast_lane_head(scores: np.ndarray, arrival: np.ndarray, head: int) -> np.ndarray:
