@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fairway
 import fairway.policies as policies
@@ -34,9 +34,8 @@ from fairway.replay.results import ReplayResult, RequestResult
 from fairway.traces.stats import trace_stats
 
 if TYPE_CHECKING:
-    from vllm.v1.core.sched.scheduler import Scheduler
-
     from fairway.traces.format import Trace, TraceRequest
+    from fairway.vllm.scheduler import FairwayScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -392,7 +391,7 @@ def replay(
     ref = ref if isinstance(ref, PrefillProfile) else str(ref)
     options = policy_options(policy, ref, policy_params, fairway_options)
     policy = options.policy
-    scheduler = offline.make_offline_scheduler(
+    scheduler = cast("FairwayScheduler", offline.make_offline_scheduler(
         options,
         block_size=block_size,
         num_blocks=sizing.num_blocks,
@@ -400,7 +399,7 @@ def replay(
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         log_stats=False,  # no Prometheus series per replay; the totals are kept anyway
-    )
+    ))
     clock = VirtualClock()
     scheduler.set_fairway_clock(clock)
     if hooks is not None and hooks.on_start is not None:
@@ -430,7 +429,7 @@ def replay(
 class _Loop:
     """The event loop of one replay: arrivals, steps, clock, recording."""
 
-    def __init__(self, trace: Trace, scheduler: Scheduler, cost: StepTimeModel,
+    def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
                  clock: VirtualClock, block_size: int, progress: bool,
                  hooks: ReplayHooks | None) -> None:
         from fairway.vllm import offline  # lazy, as every vLLM-side import here
