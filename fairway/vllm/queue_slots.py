@@ -186,8 +186,8 @@ class QueueSlots:
         `cached`: hit tokens by slot."""
         snap = QueueSnapshot(current=current, slots=slots)
         positions = None  # position in `current` of each ordered row (None: row i is at i)
-        # else every row is ordered: no split to make (benchmarks/scheduler_overhead.py, admit
-        # and busy at 10,000 waiting: splitting anyway took lpm's own step 5-10% longer,
+        # split only when a fixed or oversized request waits (benchmarks/scheduler_overhead.py,
+        # admit and busy at 10,000 waiting: splitting anyway took lpm's own step 5-10% longer,
         # 0.29 -> 0.32 ms median)
         if self.num_special:
             kind = self._kind[slots]
