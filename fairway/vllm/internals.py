@@ -15,7 +15,6 @@ vLLM objects (`calibrate`, `observe`) stay importable without it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from fairway.policies.queue import PrefillingRequest
@@ -81,10 +80,6 @@ def request_fields(request: Request) -> tuple[str, float, int]:
     """(request_id, arrival_time, num_tokens = prompt + output so far)."""
     # vLLM internal: Request.request_id / arrival_time / num_tokens
     return request.request_id, request.arrival_time, request.num_tokens
-
-
-#: `request_id` of a request; C-level, for `map` over a whole queue.
-request_id_of = attrgetter("request_id")  # vLLM internal: Request.request_id
 
 
 def free_slots(scheduler: Scheduler) -> int:

@@ -51,9 +51,12 @@ PROBE_BUDGET = 1_024
 #: less per hash-map read, and runs only where that holds (`internals.keys_are_suffixed`).
 GROUP0_SUFFIX = internals.group_key_suffix(0)
 #: Steps after which `advance()` checks every waiting request's next block against the cache
-#: even when the walk over the newly cached keys proved that nothing else was cached.
+#: even when the walk over the newly cached keys proved that nothing else was cached (the walk:
+#: `PrefixMemo._grown_keys`).
 FULL_CHECK_EVERY = 32
 #: Most first-block hints `PrefixMemo._lookup` keeps (cleared when full: they are only guesses).
+#: The hints win benchmarks/scheduler_overhead.py's burst at 1,000 waiting: searched from 0
+#: instead, Fairway's own time for the burst took 53-61% longer (8.1 -> 12.4-13.1 ms median).
 _MAX_HINTS = 4_096
 #: Keys `_grown_keys` reads from the hash map's end at a time.
 _WALK_CHUNK = 256
@@ -111,7 +114,8 @@ class PrefixMemo:
         self._pool = internals.pool_of(manager)
         self._hash_map: Any = None
         self._cache: dict[bytes, Any] | None = None
-        self._cache_get: Callable[[bytes], Any] = dict().get
+        no_blocks: dict[bytes, Any] = {}  # until `_bind` reads the pool's map
+        self._cache_get: Callable[[bytes], Any] = no_blocks.get
         self._bind()
         self.caching = caching
         self.block_size = internals.block_size_of(manager)
@@ -297,8 +301,8 @@ class PrefixMemo:
             return
         first, *others = group
         self._lookup(first, evicted=True)
-        if others:  # the first's new end lies within the shared chain: the same keys
-            self._set_many(others, first.blocks, first.next_key, first.last_key)
+        for hit in others:  # the first's new end lies within the shared chain
+            self._set(hit, first.blocks)
 
     def _extend(self, hit: PrefixHit) -> None:
         """Probe forward from the memoized length: the hit grew since the last step.
@@ -331,8 +335,6 @@ class PrefixMemo:
         shared = first.request.block_hashes  # vLLM internal: Request.block_hashes
         end = first.blocks
         stopped = end < min(first.max_blocks, len(shared))  # at a block that is not cached
-        same: list[PrefixHit] = []  # the first's end and keys
-        capped: list[PrefixHit] = []  # the first's end, no next block
         for hit in others:
             hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
             limit = min(hit.max_blocks, len(hashes))
@@ -340,32 +342,10 @@ class PrefixMemo:
                 self._extend(hit)  # the chains part before the first's end
                 continue
             self.num_extensions += 1
-            if end == limit:
-                capped.append(hit)
-            elif stopped and hashes[end] == shared[end]:
-                same.append(hit)
+            if end == limit or (stopped and hashes[end] == shared[end]):
+                self._set(hit, end)  # capped at the first's end, or stopped where it stopped
             else:
                 self._set(hit, cached_prefix_near(cache, hashes, end, limit, at_least=True))
-        if same:
-            self._set_many(same, end, first.next_key, first.last_key)
-        if capped:
-            self._set_many(capped, end, None, first.last_key)
-
-    def _set_many(
-        self, hits: list[PrefixHit], blocks: int, next_key: bytes | None, last_key: bytes | None
-    ) -> None:
-        """`_set(hit, blocks)` for hits known to get these keys (chains shared through them):
-        the columns in one assignment, the index moves a set at a time."""
-        old_next: dict[bytes | None, list[PrefixHit]] = {}
-        old_last: dict[bytes | None, list[PrefixHit]] = {}
-        for hit in hits:
-            hit.blocks = blocks
-            old_next.setdefault(hit.next_key, []).append(hit)
-            old_last.setdefault(hit.last_key, []).append(hit)
-            hit.next_key, hit.last_key = next_key, last_key
-        self.cached[[hit.slot for hit in hits]] = blocks * self.block_size
-        _move_many(self.by_next, hits, old_next, next_key)
-        _move_many(self.by_last, hits, old_last, last_key)
 
     def _set(self, hit: PrefixHit, blocks: int, tokens: int | None = None) -> None:
         """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
@@ -387,9 +367,6 @@ class PrefixMemo:
         if last_key != hit.last_key:
             _move(self.by_last, hit, hit.last_key, last_key)
             hit.last_key = last_key
-
-    # --- the queue --------------------------------------------------------------------------------
-
 
     # --- every request ----------------------------------------------------------------------------
 
@@ -433,6 +410,11 @@ class PrefixMemo:
         back at the end, which vLLM does when an eviction finds another block under the hash).
         When it cannot prove it, or after `FULL_CHECK_EVERY` steps, the whole index is checked
         (one C-level intersection), so a growth is seen at the latest that many steps late.
+
+        Wins benchmarks/scheduler_overhead.py's full, admit and busy steps: with the whole index
+        checked every step instead, Fairway's own step at 10,000 waiting took 7.3x as long on full
+        steps (0.033 -> 0.244 ms median) and 52-57% longer on admit and busy steps; at 1,000
+        waiting 48% longer on full steps.
         """
         newest, block, second = self.newest
         if (
@@ -572,27 +554,3 @@ def _move(
             index[new] = {hit}
         else:
             holders.add(hit)
-
-
-def _move_many(
-    index: dict[bytes, set[PrefixHit]],
-    hits: list[PrefixHit],
-    old: dict[bytes | None, list[PrefixHit]],
-    new: bytes | None,
-) -> None:
-    """`_move` for many hits: from their old keys (`old`: key -> its hits) to `new`."""
-    for key, leaving in old.items():
-        if key is None or key == new:
-            continue
-        holders = index.get(key)
-        if holders is not None:
-            holders.difference_update(leaving)
-            if not holders:
-                del index[key]
-    if new is not None:
-        index.setdefault(new, set()).update(hits)
-
-
-# --- the queue view -------------------------------------------------------------------------------
-
-
