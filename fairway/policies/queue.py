@@ -2,7 +2,7 @@
 
 A policy reads the waiting queue as `QueueColumns` (numpy columns by row: arrival, prompt length,
 cached prefix, a stable per-request key) and returns an `Ordering`: a permutation of the rows,
-highest priority first, as an array or a `HeadOrder`, with the lane that placed each position and,
+highest priority first, with the lane that placed each position and,
 for a policy that plans steps, the step's `StepPlan`. `QueuedRequest` is the same queue one request
 at a time: what a reference rule reads (`QueueColumns.views()`), and what tests build.
 """
@@ -10,14 +10,14 @@ at a time: what a reference rule reads (`QueueColumns.views()`), and what tests 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
-#: The lane label of an ordered position that `Policy.order_head` left in queue order: no lane
-#: placed it. Equal to `fairway.vllm.metrics.NO_LANE` ("admitted outside Fairway's order");
+#: The lane label of an ordered position past an exact head (`Step.head`), left in queue order:
+#: no lane placed it. Equal to `fairway.vllm.metrics.NO_LANE` ("admitted outside Fairway's order");
 #: `fairway:requests_placed_total` does not count such admissions.
 UNPLACED_LANE = "none"
 
@@ -162,13 +162,14 @@ class Ordering:
 
     Attributes:
         order: a permutation of the queue's rows, highest priority first: a list, an int array
-            or a `HeadOrder` (its head, then every other row in row order).
+            (a policy that orders only the head exactly: its head, then every other row in row
+            order, `head_order`).
         lanes: the lane that placed each position of `order` ("fast", "fair", or
             `UNPLACED_LANE` past an exact head); None: the policy has one lane.
         plan: the step's token split, for a policy with `plans_steps` (None: vLLM's own).
     """
 
-    order: Sequence[int] | np.ndarray | HeadOrder
+    order: Sequence[int] | np.ndarray
     lanes: Sequence[str] | None = None
     plan: StepPlan | None = None
 
@@ -251,99 +252,15 @@ class QueueColumns:
         )
 
 
-class HeadOrder:
-    """A permutation of range(n) given by its head: the rows `head` first, in that order, then
-    every other row in row order (the shape of an `order_head` result).
-
-    A policy that sorts only the head of the queue returns this instead of an n-sized array: the
-    scheduler checks and applies it from the head alone (`check_head`,
-    `PrefixProbe.arrange_head`), in Python over the head's few rows, where a full permutation
-    is an n-sized array and a dozen numpy calls to build, check and apply (each with a cost of its
-    own between vLLM's steps, whatever n). Read as a sequence or as an array (`np.asarray`) it is
-    the whole order, built on first use.
-    """
-
-    __slots__ = ("head", "n", "_full")
-
-    def __init__(self, head: list[int], n: int) -> None:
-        self.head = head
-        self.n = n
-        self._full: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return self.n
-
-    @overload
-    def __getitem__(self, index: int) -> int: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> np.ndarray: ...
-
-    def __getitem__(self, index: int | slice) -> int | np.ndarray:
-        """A row (int), or a slice of the whole order (an intp array, as an array's slice)."""
-        if type(index) is int and 0 <= index < len(self.head):
-            return self.head[index]
-        part = self.full()[index]
-        return int(part) if isinstance(index, int) else part
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.tolist())
-
-    def tolist(self) -> list[int]:
-        """The whole order as a list of ints (as an array's `tolist`)."""
-        rows: list[int] = self.full().tolist()
-        return rows
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        full = self.full()
-        return full if dtype is None else full.astype(dtype)
-
-    def __repr__(self) -> str:
-        return f"HeadOrder(head={self.head!r}, n={self.n})"
-
-    def full(self) -> np.ndarray:
-        """The whole order as an intp array (the head must be distinct rows of range(n))."""
-        if self._full is None:
-            self._full = _head_then_rows(np.array(self.head, dtype=np.intp), self.n)
-        return self._full
-
-
-#: `head_order` gives a `HeadOrder` for a head of up to this many rows; a longer head costs less
-#: as an array (numpy's check and gather, where Python would walk every row of the head).
-MAX_HEAD_ORDER = 64
-
-
-def head_order(head: list[int] | np.ndarray, n: int) -> HeadOrder | np.ndarray:
+def head_order(head: list[int] | np.ndarray, n: int) -> np.ndarray:
     """The order `head` (distinct rows of range(n): a list of ints or an int array), then every
-    other row in row order: a `HeadOrder` when the head is short (`MAX_HEAD_ORDER`), else the
-    whole order as an intp array (what `order_head` policies return)."""
-    if len(head) <= MAX_HEAD_ORDER:
-        return HeadOrder(head if isinstance(head, list) else head.tolist(), n)
-    return _head_then_rows(np.asarray(head, dtype=np.intp), n)
-
-
-def _head_then_rows(head: np.ndarray, n: int) -> np.ndarray:
+    other row in row order, as an intp array: what a policy that orders only the head of the
+    queue exactly returns (`Step.head`)."""
+    rows = np.asarray(head, dtype=np.intp)
     others = np.ones(n, dtype=bool)
-    others[head] = False
-    return np.concatenate((head, others.nonzero()[0]))
-
-
-_INTS = frozenset({int})
-
-
-def check_head(order: HeadOrder, n: int) -> list[int]:
-    """The head of `order` if it makes a permutation of range(n) (distinct rows in range, n
-    the queue's length), else ValueError: O(head) in Python, no n-sized pass."""
-    head = order.head
-    if order.n != n:
-        raise ValueError(f"expected an order of {n} rows, got one of {order.n}")
-    if not isinstance(head, list) or not _INTS.issuperset(map(type, head)):  # in C
-        raise ValueError(f"the head must be a list of ints, got {head!r:.80}")
-    if head and (min(head) < 0 or max(head) >= n):
-        raise ValueError(f"indices out of range({n})")
-    if len(set(head)) < len(head):
-        raise ValueError("an index appears twice")
-    return head
+    others[rows] = False
+    order: np.ndarray = np.concatenate((rows, others.nonzero()[0]))
+    return order
 
 
 def check_permutation(order: Any, n: int) -> np.ndarray:
@@ -354,7 +271,7 @@ def check_permutation(order: Any, n: int) -> np.ndarray:
 def check_order(order: Any, n: int) -> tuple[np.ndarray, int]:
     """`order` as an intp array if it is a permutation of range(n), else ValueError; and t, the
     number of rows it moves to the front: `order[t:]` ascends, so the new queue is the rows
-    `order[:t]`, then every other row in its current order (the shape of an `order_head` result;
+    `order[:t]`, then every other row in its current order (the shape of a `head_order`;
     0: the identity)."""
     arr = np.asarray(order)
     if arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):

@@ -23,12 +23,10 @@ from fairway.options import FairwayOptions
 from fairway.policies import Policy
 from fairway.policies.queue import (
     UNPLACED_LANE,
-    HeadOrder,
     Ordering,
     QueueColumns,
     Step,
     StepPlan,
-    check_head,
     check_order,
 )
 from fairway.vllm import internals, protect, step_plan
@@ -58,7 +56,7 @@ class LastOrder:
     """The policy's input and output at the last ordered step (views built only when read)."""
 
     columns: QueueColumns | None = None
-    order: np.ndarray | HeadOrder | None = None
+    order: np.ndarray | None = None
     #: The policy's answer (lanes, plan) at that step.
     ordering: Ordering | None = None
 
@@ -175,21 +173,14 @@ class StepPrepass:
         n = len(cols)
         ordering = self.ask_policy(cols, snap.fixed)
         try:
-            if isinstance(ordering.order, HeadOrder):  # checked and applied from its head
-                check_head(ordering.order, n)
-                order: np.ndarray | HeadOrder = ordering.order
-            else:
-                order, moved = check_order(ordering.order, n)
+            order, moved = check_order(ordering.order, n)
         except ValueError as exc:
             raise PolicyOrderError(
                 f"policy {self.options.policy!r} did not return a permutation of "
                 f"range({n}): {exc}"
             ) from None
         self.probe.mark_given(cols)
-        if isinstance(order, HeadOrder):
-            queue = self.probe.arrange_head(snap, order)
-        else:
-            queue = self.probe.arrange(snap, order, moved)
+        queue = self.probe.arrange(snap, order, moved)
         for request in snap.oversized:
             self.reject(request)
         lanes = ordering.lanes

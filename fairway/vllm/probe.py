@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from vllm.v1.request import Request, RequestStatus
 
-from fairway.policies.queue import HeadOrder, QueueColumns
+from fairway.policies.queue import QueueColumns
 from fairway.vllm.prefix_memo import PROBE_BUDGET, PrefixMemo
 from fairway.vllm.queue_slots import QueueSlots, QueueSnapshot
 
@@ -101,10 +101,6 @@ class PrefixProbe:
     def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
         """The new queue (`QueueSlots.arrange`)."""
         return self.slots.arrange(snap, order, moved)
-
-    def arrange_head(self, snap: QueueSnapshot, order: HeadOrder) -> list[Request]:
-        """The new queue for an order given by its head (`QueueSlots.arrange_head`)."""
-        return self.slots.arrange_head(snap, order)
 
     def mark_given(self, cols: QueueColumns) -> None:
         """The policy ordered these requests: they are no longer new to it."""

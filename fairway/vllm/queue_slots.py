@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from vllm.v1.request import Request, RequestStatus
 
-from fairway.policies.queue import HeadOrder, QueueColumns
+from fairway.policies.queue import QueueColumns
 
 _ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
 #: Requests vLLM may have put back at the head of the queue that `_match` looks past (a bound on
@@ -29,13 +29,13 @@ _ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
 #: the same there).
 _MAX_HEAD = 256
 #: `arrange` rebuilds the queue by list slices (one per moved row) when at most
-#: max(_MIN_MOVED, n / _MOVED_SHARE) rows moved to the front, else by one gather of all n rows:
+#: max(MIN_MOVED, n / MOVED_SHARE) rows moved to the front, else by one gather of all n rows:
 #: measured on CPython 3.11 and numpy 2, the two cost the same near n / 20 moved rows. Wins
 #: benchmarks/scheduler_overhead.py's fairway admit and busy steps at 10,000 waiting: with the
-#: gather alone (and `arrange_head` through the whole order) Fairway's own step took ~8% longer
+#: gather alone Fairway's own step took ~8% longer
 #: (0.60 -> 0.65 ms median); lpm and fairway-step: no difference.
-_MIN_MOVED = 8
-_MOVED_SHARE = 20
+MIN_MOVED = 8
+MOVED_SHARE = 20
 
 
 def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any) -> list[str]:
@@ -231,32 +231,10 @@ class QueueSlots:
         # row (moved > 0) is not the identity: the queue changes
         if (np.array_equal(slots, snap.slots) if special else moved == 0):
             queue = snap.current
-        elif not special and moved <= max(_MIN_MOVED, len(slots) // _MOVED_SHARE):
+        elif not special and moved <= max(MIN_MOVED, len(slots) // MOVED_SHARE):
             queue = move_to_front(snap.current, order[:moved].tolist())
         else:
             queue = self._request_of[slots].tolist()
-        self._last_queue, self._last_slots = queue, slots
-        return queue
-
-    def arrange_head(self, snap: QueueSnapshot, order: HeadOrder) -> list[Request]:
-        """`arrange` for an order given by its head (a `HeadOrder` that passed `check_head`): the
-        head's rows moved to the front by list slices (`move_to_front`), their slots by a mask;
-        a queue with fixed or oversized requests, or a long head, through the whole order."""
-        head = order.head
-        slots = snap.ordered_slots
-        n = len(slots)
-        unmoved = head == list(range(len(head)))  # every row stays where it is
-        if len(snap.fixed_slots) or len(snap.oversized_slots) or len(head) > max(
-            _MIN_MOVED, n // _MOVED_SHARE
-        ):  # `arrange` reads `moved` only to tell an unchanged queue, and its path by size
-            return self.arrange(snap, order.full(), 0 if unmoved else len(head))
-        if unmoved:
-            queue = snap.current
-        else:
-            queue = move_to_front(snap.current, head)
-            others = np.ones(n, dtype=bool)
-            others[head] = False
-            slots = np.concatenate((slots[head], slots[others]))
         self._last_queue, self._last_slots = queue, slots
         return queue
 

@@ -11,13 +11,10 @@ from hypothesis import strategies as st
 
 from fairway.policies import QueuedRequest, get, names
 from fairway.policies.queue import (
-    MAX_HEAD_ORDER,
-    HeadOrder,
     KeyedState,
     QueueColumns,
     Step,
     StepBudget,
-    check_head,
     check_order,
     check_permutation,
     head_order,
@@ -180,43 +177,26 @@ def test_the_oldest_row_is_the_first_earliest_arrival(arrivals: list[float]) -> 
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), n=st.integers(0, 80))
+@given(data=st.data(), n=st.integers(0, 400))
 def test_a_head_order_is_its_head_then_the_other_rows_in_row_order(data, n: int) -> None:
-    """`HeadOrder` reads as the whole permutation (sequence, array, index); `check_head`
-    accepts exactly the heads of distinct rows in range(n)."""
-    head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
+    """`head_order` (what a policy that orders only the scan's head returns): the head, then
+    every other row in row order, from a list or an array; `check_order` accepts it, moving at
+    most the head to the front, and rejects a head with a repeated or out-of-range row."""
+    head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=min(n, 90)))
     head = [row for row in head if row < n]
-    order = HeadOrder(head, n)
     want = head + [row for row in range(n) if row not in set(head)]
-    assert list(order) == want and np.asarray(order).tolist() == want and len(order) == n
-    assert [order[i] for i in range(n)] == want and order[1:3].tolist() == want[1:3]
-    assert order.tolist() == want
-    assert check_head(order, n) is head
-    assert check_order(order, n)[0].tolist() == want  # a full check agrees
-    if head:
-        with pytest.raises(ValueError, match="appears twice"):
-            check_head(HeadOrder([*head, head[0]], n), n)
-    with pytest.raises(ValueError, match="out of range"):
-        check_head(HeadOrder([n], n), n)
-    with pytest.raises(ValueError, match="out of range"):
-        check_head(HeadOrder([-1], n), n)
-    with pytest.raises(ValueError, match="list of ints"):
-        check_head(HeadOrder(np.array(head, dtype=np.intp), n), n)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=f"order of {n} rows"):
-        check_head(HeadOrder(head, n + 1), n)
-
-
-@pytest.mark.parametrize("size", [0, 1, MAX_HEAD_ORDER, MAX_HEAD_ORDER + 1, 300])
-def test_a_short_head_is_kept_as_a_head_and_a_long_one_as_the_whole_order(size: int) -> None:
-    """`head_order`: the same order either way; a `HeadOrder` (checked and applied from its head)
-    up to MAX_HEAD_ORDER rows, an array (numpy's check and gather) beyond."""
-    n = 400
-    head = random.Random(size).sample(range(n), size)
-    want = head + sorted(set(range(n)) - set(head))
     for rows in (head, np.array(head, dtype=np.intp)):
         order = head_order(rows, n)
-        assert isinstance(order, HeadOrder) == (size <= MAX_HEAD_ORDER)
-        assert np.asarray(order).tolist() == want
+        assert order.dtype == np.intp and order.tolist() == want
+    got, moved = check_order(order, n)
+    assert got.tolist() == want and moved <= len(head)
+    assert want[moved:] == sorted(want[moved:])
+    if head and n >= 2:  # a row of the head repeated in place of the last row
+        with pytest.raises(ValueError, match="appears twice"):
+            check_order([*want[:-1], head[0] if head[0] != want[-1] else want[0]], n)
+    if n:
+        with pytest.raises(ValueError, match="out of range"):
+            check_order([n, *want[1:]], n)
 
 
 def test_keyed_state_grows_and_keeps_values() -> None:
