@@ -263,12 +263,12 @@ def head_order(head: list[int] | np.ndarray, n: int) -> np.ndarray:
     return order
 
 
-def check_permutation(order: Any, n: int) -> np.ndarray:
+def check_permutation(order: object, n: int) -> np.ndarray:
     """`order` as an intp array if it is a permutation of range(n), else ValueError."""
     return check_order(order, n)[0]
 
 
-def check_order(order: Any, n: int) -> tuple[np.ndarray, int]:
+def check_order(order: object, n: int) -> tuple[np.ndarray, int]:
     """`order` as an intp array if it is a permutation of range(n), else ValueError; and t, the
     number of rows it moves to the front: `order[t:]` ascends, so the new queue is the rows
     `order[:t]`, then every other row in its current order (the shape of a `head_order`;

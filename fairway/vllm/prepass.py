@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from vllm.logger import init_logger
@@ -34,6 +34,7 @@ from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 from fairway.vllm.probe import PrefixProbe
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.request_queue import RequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
 
 logger = init_logger(__name__)
@@ -153,7 +154,7 @@ class StepPrepass:
             self.protect_blocks(placed.queue)
         return placed
 
-    def skip(self, queue: Any) -> None:
+    def skip(self, queue: RequestQueue) -> None:
         """A step without ordering: the probe advances (new arrivals within its budget, changed
         hits); memos of requests that left without being admitted are dropped."""
         memo = self.probe

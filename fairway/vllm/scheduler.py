@@ -42,6 +42,10 @@ logger = init_logger(__name__)
 
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+    from fairway.vllm.calibrate import SchedulerCalibration
+
     _SchedulerBase = Scheduler  # the mixin always sits before one of vLLM's schedulers
 else:
     _SchedulerBase = object
@@ -275,7 +279,9 @@ def _async_scheduling(vllm_config: Any) -> bool:
 # --- start-up checks ------------------------------------------------------------------------------
 
 
-def check_engine_config(vllm_config: Any, options: FairwayOptions, policy: Any) -> None:
+def check_engine_config(
+    vllm_config: VllmConfig, options: FairwayOptions, policy: policies.Policy
+) -> None:
     """Refuse engine settings Fairway cannot work with; the fix comes first in the message."""
     queue_policy = vllm_config.scheduler_config.policy
     if queue_policy != "fcfs":
@@ -292,7 +298,7 @@ def check_engine_config(vllm_config: Any, options: FairwayOptions, policy: Any) 
         )
 
 
-def _plan_enabled(scheduler: Any, policy: policies.Policy) -> bool:
+def _plan_enabled(scheduler: Scheduler, policy: policies.Policy) -> bool:
     """Whether the policy's step plans are applied; says why not at start-up."""
     if not type(policy).plans_steps:
         return False
@@ -315,7 +321,7 @@ def _plan_enabled(scheduler: Any, policy: policies.Policy) -> bool:
     return True
 
 
-def _make_calibration(scheduler: Any) -> Any:
+def _make_calibration(scheduler: FairwaySchedulerMixin) -> SchedulerCalibration | None:
     """The step timer of `self_calibrate` / `step_log` (imported only when one is on)."""
     from fairway.vllm import calibrate
 
@@ -334,7 +340,9 @@ def _check_internals(scheduler: Scheduler) -> None:
         )
 
 
-def _log_start(options: FairwayOptions, policy: Any, scheduler: Any) -> None:
+def _log_start(
+    options: FairwayOptions, policy: policies.Policy, scheduler: FairwaySchedulerMixin
+) -> None:
     logger.info(
         "Fairway %s: %s ordering vLLM's waiting queue with policy %s, options %s (set by: %s); "
         "incremental prefix probe: %s.",
