@@ -15,7 +15,7 @@ vLLM objects (`calibrate`, `observe`) stay importable without it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fairway.policies.queue import PrefillingRequest
 
@@ -38,13 +38,10 @@ def waiting_queue(scheduler: Scheduler) -> FCFSRequestQueue:
     """The queue Fairway orders: new and preempted requests that hold no KV blocks.
 
     vLLM types the field as any `RequestQueue`; a Fairway scheduler refuses to start unless it
-    is the FCFS deque (`check_internals`), so the check here states what start-up established.
+    is the FCFS deque (`check_internals`), so the type here states what start-up established
+    (no check per call: it runs several times per step).
     """
-    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
-
-    queue = scheduler.waiting  # vLLM internal: Scheduler.waiting
-    assert isinstance(queue, FCFSRequestQueue), "check_internals admits only the FCFS queue"
-    return queue
+    return cast("FCFSRequestQueue", scheduler.waiting)  # vLLM internal: Scheduler.waiting
 
 
 def reorder_queue(queue: FCFSRequestQueue, requests: Sequence[Request]) -> None:
