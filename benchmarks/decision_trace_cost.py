@@ -60,9 +60,9 @@ def time_hooks(sched: Any) -> list[float]:
         inner_schedule(output, placed)
         spent.append(time.perf_counter() - start)
 
-    def after_update() -> None:
+    def after_update(result: Any = None) -> None:
         start = time.perf_counter()
-        inner_update()
+        inner_update(result)
         spent[-1] += time.perf_counter() - start
 
     observer.after_schedule, observer.after_update = after_schedule, after_update
