@@ -1,7 +1,7 @@
 """The waiting queue and its orderings, as every policy sees them. Must not import vllm.
 
 A policy reads the waiting queue as `QueueColumns` (numpy columns by row: arrival, prompt length,
-cached prefix, a stable per-request key) and returns an `Ordering`: a permutation of the rows,
+cached prefix, a stable per-request slot) and returns an `Ordering`: a permutation of the rows,
 highest priority first, with the lane that placed each position and,
 for a policy that plans steps, the step's `StepPlan`. `QueuedRequest` is the same queue one request
 at a time: what a reference rule reads (`QueueColumns.views()`), and what tests build.
@@ -182,17 +182,18 @@ class QueueColumns:
         arrival: float64 seconds, on the clock of `now`.
         prompt_tokens: int64 L (prompt + output so far for a preempted request).
         cached_tokens: int64 h, block-granular, <= L (0 while a request is not yet probed).
-        keys: intp, a small integer per request, stable while it waits and unique within the
-            queue; reused after the request leaves. Policies keep per-request state in arrays
-            indexed by it (k-LPM's rank, say) instead of dicts keyed by request id.
-        new: bool, True for a request this policy has not been given before (its key's state is
+        slots: intp, a small integer per request (its slot in the scheduler's table), stable
+            while it waits and unique within the queue; reused after the request leaves. Policies
+            keep per-request state in arrays indexed by it (LPM's rank, say) instead of dicts
+            keyed by request id.
+        new: bool, True for a request this policy has not been given before (its slot's state is
             stale and must be initialised).
     """
 
     arrival: np.ndarray
     prompt_tokens: np.ndarray
     cached_tokens: np.ndarray
-    keys: np.ndarray
+    slots: np.ndarray
     new: np.ndarray
     #: `rows -> their request ids` (read only for the rows a policy asks about).
     # speed: scheduler_overhead.py admit 10000 fairway: 2.21 ms -> 0.73 ms per step (ids on demand)
@@ -238,15 +239,17 @@ class QueueColumns:
         )
 
     @classmethod
-    def of(cls, queue: Sequence[QueuedRequest], keys: Sequence[int] | None = None) -> QueueColumns:
-        """Columns of a list of views (tests, the replay); `keys` default to the positions."""
+    def of(
+        cls, queue: Sequence[QueuedRequest], slots: Sequence[int] | None = None
+    ) -> QueueColumns:
+        """Columns of a list of views (tests, the replay); `slots` default to the positions."""
         n = len(queue)
         ids = [r.request_id for r in queue]
         return cls(
             arrival=np.fromiter((r.arrival for r in queue), np.float64, n),
             prompt_tokens=np.fromiter((r.prompt_tokens for r in queue), np.int64, n),
             cached_tokens=np.fromiter((r.cached_tokens for r in queue), np.int64, n),
-            keys=np.arange(n, dtype=np.intp) if keys is None else np.asarray(keys, np.intp),
+            slots=np.arange(n, dtype=np.intp) if slots is None else np.asarray(slots, np.intp),
             new=np.ones(n, dtype=bool),
             ids_source=lambda rows: np.asarray(ids, dtype=object)[rows].tolist(),
         )
@@ -289,22 +292,22 @@ def check_order(order: object, n: int) -> tuple[np.ndarray, int]:
     return arr.astype(np.intp, copy=False), moved
 
 
-class KeyedState:
-    """A per-request int64 array a policy indexes by `QueueColumns.keys` (grows as needed)."""
+class SlotState:
+    """A per-request int64 array a policy indexes by `QueueColumns.slots` (grows as needed)."""
 
     __slots__ = ("values",)
 
     def __init__(self) -> None:
         self.values = np.zeros(0, dtype=np.int64)
 
-    def view(self, keys: np.ndarray) -> np.ndarray:
-        """Values of these keys (a copy), after growing the array to hold every key."""
-        if len(keys) and keys.max() >= len(self.values):
-            grown = np.zeros(max(2 * len(self.values), int(keys.max()) + 1, 64), np.int64)
+    def view(self, slots: np.ndarray) -> np.ndarray:
+        """Values of these slots (a copy), after growing the array to hold every slot."""
+        if len(slots) and slots.max() >= len(self.values):
+            grown = np.zeros(max(2 * len(self.values), int(slots.max()) + 1, 64), np.int64)
             grown[: len(self.values)] = self.values
             self.values = grown
-        values: np.ndarray = self.values[keys]
+        values: np.ndarray = self.values[slots]
         return values
 
-    def store(self, keys: np.ndarray, values: np.ndarray) -> None:
-        self.values[keys] = values
+    def store(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self.values[slots] = values

@@ -70,7 +70,7 @@ class PrefixHit:
     """
 
     request: Request
-    #: The request's slot in the queue's columns (`QueueColumns.keys`); -1 once it left.
+    #: The request's slot in the queue's columns (`QueueColumns.slots`); -1 once it left.
     slot: int
     arrival: float
     num_tokens: int

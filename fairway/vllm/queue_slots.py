@@ -1,6 +1,6 @@
 """The waiting queue's slot table: its fields as numpy columns by slot, and its rearranging.
 
-Each waiting request holds a slot (a small integer, reused once it leaves; `QueueColumns.keys`)
+Each waiting request holds a slot (a small integer, reused once it leaves; `QueueColumns.slots`)
 for one stint in the queue. The columns by slot hold what the policies order by (arrival, prompt
 length, whether the policy saw it before); a snapshot gathers them in queue order, so the
 policies order arrays, not per-request Python objects. The cached-prefix column is the memo's
@@ -203,7 +203,7 @@ class QueueSlots:
             arrival=self._arrival[slots],
             prompt_tokens=self._prompt[slots],
             cached_tokens=cached[slots],
-            keys=slots,
+            slots=slots,
             new=~self._given[slots],
             # read later, maybe after admission: from this step's list, not the slot table
             ids_source=partial(_ids_of_rows, current, positions),
@@ -280,8 +280,8 @@ class QueueSlots:
         return float(live.min()) if len(live) else float("inf")
 
     def mark_given(self, cols: QueueColumns) -> None:
-        """The policy ordered these requests (`cols.keys`: their slots): no longer new to it."""
-        self._given[cols.keys] = True
+        """The policy ordered these requests (`cols.slots`): no longer new to it."""
+        self._given[cols.slots] = True
 
 
 
