@@ -134,11 +134,10 @@ class FairwayPolicy(FastLanePolicy):
 
     Applying the step (`Ordering.plan`, a `StepPlan` the scheduler applies): the waiting
     queue in merge order; the prefilling running requests in merge order; the step's tokens
-    given out in merge order
-    (`grants`) decide the rest (vLLM serves running requests first, whatever the order): a
-    running prefill that gets nothing is held back for the step, and the one the budget runs
-    out on keeps its grant and no more (vLLM's per-request cap, `long_prefill_token_threshold`,
-    set for the step to that grant). If a request placed before it would need more than that
+    given out in merge order (`grants`) decide the rest (vLLM serves running requests first,
+    whatever the order): a running prefill that gets nothing is held back for the step, and the
+    one the budget runs out on keeps its grant and no more (vLLM's per-request cap,
+    `long_prefill_token_threshold`, set for the step to that grant). If a request placed before it would need more than that
     grant, the running prefill is held back instead (it loses less than that request's work,
     and its lane is charged only what it got). A cap on every running prefill at its lane's
     share of each step was measured and not kept (one E2 run of that variant): it changed

@@ -21,6 +21,7 @@ from vllm.v1.request import Request
 from fairway.errors import FairwayError
 from fairway.options import FairwayOptions
 from fairway.policies import Policy
+from fairway.policies.lanes import FAIR
 from fairway.policies.queue import (
     UNPLACED_LANE,
     Ordering,
@@ -118,7 +119,7 @@ class StepPrepass:
     # --- before the step --------------------------------------------------------------------------
 
     def reorder(self) -> Placed | None:
-        """Re-sort `self.waiting`; on any failure leave it as it is. Never raises.
+        """Re-sort vLLM's waiting queue; on any failure leave it as it is. Never raises.
 
         When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
         the queue keeps its last order and only the probe advances (new arrivals within its
@@ -245,7 +246,7 @@ class StepPrepass:
         total = sum(by_request.values())
         self.policy.on_step_end(admitted_ids, total, prefill_by_request=by_request)
         lanes = plan.lanes
-        fair = sum(n for rid, n in by_request.items() if lanes.get(rid) == "fair")
+        fair = sum(n for rid, n in by_request.items() if lanes.get(rid) == FAIR)
         lane_tokens = self.stats.lane_prefill_tokens
         lane_tokens["fair"] += fair
         lane_tokens["fast"] += total - fair
