@@ -132,18 +132,17 @@ class FairwayPolicy(FastLanePolicy):
     a front in the step (at most its work / w goes ahead of it), so carrying is needed only for
     a front that needs several steps, which the per-step rule starves from w x P tokens on.
 
-    Applying the step (`Ordering.plan`, a `StepPlan` the scheduler applies): the waiting
-    queue in merge order; the prefilling running requests in merge order; the step's tokens
-    given out in merge order (`grants`) decide the rest (vLLM serves running requests first,
-    whatever the order): a running prefill that gets nothing is held back for the step, and the
-    one the budget runs out on keeps its grant and no more (vLLM's per-request cap,
-    `long_prefill_token_threshold`, set for the step to that grant). If a request placed before it would need more than that
-    grant, the running prefill is held back instead (it loses less than that request's work,
-    and its lane is charged only what it got). A cap on every running prefill at its lane's
-    share of each step was measured and not kept (one E2 run of that variant): it changed
-    nothing for hits behind a long miss once the Fair front is charged to its own lane, and it
-    raised E2's p99s (up to 1.75 x `fairway-step`'s), making several long prefills share steps
-    and all finish later.
+    Applying the step (`Ordering.plan`, a `StepPlan` the scheduler applies): the waiting queue in
+    merge order; the prefilling running requests in merge order; the step's tokens given out in
+    merge order (`grants`) decide the rest (vLLM serves running requests first, whatever the order):
+    a running prefill that gets nothing is held back for the step, and the one the budget runs out
+    on keeps its grant and no more (vLLM's per-request cap, `long_prefill_token_threshold`, set for
+    the step to that grant). If a request placed before it would need more than that grant, the
+    running prefill is held back instead (it loses less than that request's work, and its lane is
+    charged only what it got). A cap on every running prefill at its lane's share of each step was
+    measured and not kept (one E2 run of that variant): it changed nothing for hits behind a long
+    miss once the Fair front is charged to its own lane, and it raised E2's p99s (up to 1.75 x
+    `fairway-step`'s), making several long prefills share steps and all finish later.
 
     Guarantee (contested steps; w = fast_weight, P the step's prefill budget, D = fast - fair):
         * the lagging lane goes first: D <= 0, Fast's front is placed first; else Fair's;
