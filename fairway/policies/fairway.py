@@ -83,19 +83,42 @@ class LaneLedgers:
 
 
 def grants(
-    keys: Sequence[int], work: Mapping[int, int], tokens: int, slots: int
+    keys: Sequence[int],
+    work: Mapping[int, int],
+    tokens: int,
+    slots: int,
+    done: Mapping[int, int] | None = None,
+    free_blocks: int | None = None,
+    block_size: int = 16,
 ) -> list[int]:
     """Prefill tokens each placement gets when the step's `tokens` are given out in merge order:
-    min(its work, what is left), a waiting request (key >= 0) only while `slots` last."""
+    min(its work, what is left), a waiting request (key >= 0) only while `slots` last.
+
+    With `free_blocks` (and `done`: the tokens each request already holds, cached or computed)
+    the KV stop is foreseen as vLLM makes it: the first waiting request whose blocks do not fit
+    (all of them counted, the cached ones too, since evictable cached blocks are in the free
+    count) gets nothing, nor does any waiting request after it; running prefills keep getting
+    tokens (their new blocks only). So a plan never holds a running prefill back for a waiting
+    request that cannot start: that step would have nothing to schedule, and the next the same."""
     out: list[int] = []
     left = tokens
+    blocks = free_blocks
+    stopped = False
     for key in keys:
-        if left <= 0 or (key >= 0 and slots <= 0):
+        if left <= 0 or (key >= 0 and (slots <= 0 or stopped)):
             out.append(0)
             continue
+        given = min(work[key], left)
+        if blocks is not None and done is not None:
+            held = done[key]
+            need = -(-(held + given) // block_size) - (-(-held // block_size) if key < 0 else 0)
+            if key >= 0 and need > blocks:
+                stopped = True
+                out.append(0)
+                continue
+            blocks -= min(need, blocks)
         if key >= 0:
             slots -= 1
-        given = min(work[key], left)
         out.append(given)
         left -= given
     return out
@@ -111,8 +134,14 @@ class FairwayPolicy(FastLanePolicy):
     running ones in chunked prefill. Fast: `FastLanePolicy`'s order (s = h / max(c, 1) +
     wait / SLO; a running prefill's computed tokens play the cached part), running before
     waiting on a tie.
-    Fair: arrival order, running before waiting on a tie. Each request is in both lanes and is
-    served by whichever places it first.
+    Fair: the running prefills by arrival, then the waiting requests by arrival (started first,
+    finished first). Each request is in both lanes and is served by whichever places it first.
+    In a contested step the Fast lane starts only what it finishes in the step (`merge`'s
+    `fit`): a request it could only start is left to the Fair lane, so every partial start is
+    the Fair lane's last placement, and the Fair front from the next step on. (Without these
+    two rules the Fast lane started long requests at the end of steps and later steps held them
+    back half done, several at a time: the tail of E2's long prompts, and in a small KV cache a
+    queue that could not start at all.)
 
     Merge (`merge`, the seed's): the lane with the smaller ledger places its next request not yet
     placed and adds its work (uncached tokens; x w = fast_weight for Fast); ties go to Fast.
@@ -139,10 +168,16 @@ class FairwayPolicy(FastLanePolicy):
     on keeps its grant and no more (vLLM's per-request cap, `long_prefill_token_threshold`, set for
     the step to that grant). If a request placed before it would need more than that grant, the
     running prefill is held back instead (it loses less than that request's work, and its lane is
-    charged only what it got). A cap on every running prefill at its lane's share of each step was
+    charged only what it got), unless it is the Fair front, which is never held: its cap is then
+    the largest work placed before it, so it gets at least that much (the requests after it in
+    vLLM's service order get less; one of them may be left half done). A cap on every running prefill at its lane's share of each step was
     measured and not kept (one E2 run of that variant): it changed nothing for hits behind a long
     miss once the Fair front is charged to its own lane, and it raised E2's p99s (up to 1.75 x
     `fairway-step`'s), making several long prefills share steps and all finish later.
+
+    The grants foresee vLLM's KV stop (`grants`), so no running prefill is held for a waiting
+    request that cannot start, and after a step that held prefills and scheduled nothing the
+    next plan holds none.
 
     Guarantee (contested steps; w = fast_weight, P the step's prefill budget, D = fast - fair):
         * the lagging lane goes first: D <= 0, Fast's front is placed first; else Fair's;
@@ -173,6 +208,10 @@ class FairwayPolicy(FastLanePolicy):
     ledger: LaneLedgers = field(init=False, repr=False, default_factory=LaneLedgers)
     #: Lane each request placed in a contested step is charged to, booked after the step.
     _pending: dict[str, str] | None = field(init=False, repr=False, default=None)
+    #: The last plan held prefills back (`_held`); after such a step that scheduled nothing, the
+    #: next plan holds none (`_release`): a hold never leaves the engine without work twice.
+    _held: bool = field(init=False, repr=False, default=False)
+    _release: bool = field(init=False, repr=False, default=False)
 
     # --- the rule ---------------------------------------------------------------------------------
 
@@ -184,8 +223,9 @@ class FairwayPolicy(FastLanePolicy):
         """The step's order and plan, from the whole lanes sorted in plain Python.
 
         Fast lane: score descending, then older, a running prefill before a waiting request on
-        a tie; Fair lane: arrival, running first on a tie. Running prefills have keys -(j + 1),
-        waiting requests their positions; each request is in both lanes."""
+        a tie; Fair lane: the running prefills (started first, finished first), then the waiting
+        requests, each by arrival. Running prefills have keys -(j + 1), waiting requests their
+        positions; each request is in both lanes."""
         running = [p.view() for p in step.prefilling]
         entries = [(r, i) for i, r in enumerate(waiting)] + [
             (r, -(j + 1)) for j, r in enumerate(running)
@@ -197,50 +237,63 @@ class FairwayPolicy(FastLanePolicy):
 
         fast = [k for _, k in sorted(entries, key=lambda e: (-score[e[1]], e[0].arrival,
                                                               tie(e[1])))]
-        fair = [k for _, k in sorted(entries, key=lambda e: (e[0].arrival, tie(e[1])))]
+        fair = [k for _, k in sorted(entries, key=lambda e: (e[1] >= 0, e[0].arrival,
+                                                              tie(e[1])))]
         work = {key: r.remaining for r, key in entries}
+        done = {key: r.prompt_tokens - r.remaining for r, key in entries}
         queue_work = float(sum(r.remaining for r in waiting))
-        return self._decide(
-            fast, fair, work, queue_work, len(waiting), step,
-            lambda rows: [waiting[i].request_id for i in rows],
+        decided = self._decide(
+            fast, fair, work, done, queue_work, len(waiting), step,
+            lambda rows: [waiting[i].request_id for i in rows], fast_whole=True,
         )
+        assert decided is not None  # the whole Fast lane is never used up by passes alone
+        return decided
 
     # --- what the engine runs: the same plan from the first entries of each lane ------------------
 
     def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
         """`plan()` over the scheduler's columns: only the rows either lane can place this step
-        (the scan's head plus one per running prefill) are found and read in Python."""
+        (the scan's head plus one per running prefill, more for the Fast lane when it passes over
+        requests that do not fit the step) are found and read in Python."""
         n, m = len(queue), len(step.prefilling)
         if n + m == 0:
-            return self._decide([], [], {}, 0.0, 0, step, queue.ids_of)
+            decided = self._decide([], [], {}, {}, 0.0, 0, step, queue.ids_of, fast_whole=True)
+            assert decided is not None
+            return decided
         running = [p.view() for p in step.prefilling]
         scores = self.scores(queue, step.now) if n else np.zeros(0)
         head = n if step.budget is None or step.head is None else min(n, step.head)
         reach = min(n, max(head, 1) + m)  # rows either lane may place in head + m placements
-        fast_rows = fast_lane_head(scores, queue.arrival, reach) if n else np.zeros(0, np.intp)
-        fair_rows = fair_lane_head(queue.arrival, reach)
-        work: dict[int, int] = {}
-        for row, amount in zip(
-            fast_rows.tolist() + fair_rows.tolist(),
-            queue.remaining[fast_rows].tolist() + queue.remaining[fair_rows].tolist(),
-            strict=True,
-        ):
-            work[row] = int(amount)
-        for j, r in enumerate(running):
-            work[-(j + 1)] = r.remaining
+        fair_rows = fair_lane_head(queue.arrival, reach).tolist()
         run_scores = self.scores(QueueColumns.of(running), step.now).tolist() if m else []
-        fast = _with_running(
-            fast_rows.tolist(),
-            [(-s, r.arrival) for s, r in zip(run_scores, running, strict=True)],
-            lambda row: (-scores.item(row), queue.arrival.item(row)),
-        )
-        fair = _with_running(
-            fair_rows.tolist(),
-            [(r.arrival,) for r in running],
-            lambda row: (queue.arrival.item(row),),
-        )
+        # the Fair lane: running prefills (by arrival, then position), then the waiting rows
+        fair = sorted(range(-1, -m - 1, -1), key=lambda k: (running[-k - 1].arrival, -k))
+        fair += fair_rows
         queue_work = float(queue.remaining.sum())
-        return self._decide(fast, fair, work, queue_work, n, step, queue.ids_of)
+        while True:
+            fast_rows = fast_lane_head(scores, queue.arrival, reach) if n else np.zeros(0, np.intp)
+            rows = np.concatenate([fast_rows, np.asarray(fair_rows, dtype=np.intp)])
+            work: dict[int, int] = {}
+            done: dict[int, int] = {}
+            for row, amount, length in zip(
+                rows.tolist(), queue.remaining[rows].tolist(), queue.prompt_tokens[rows].tolist(),
+                strict=True,
+            ):
+                work[row] = int(amount)
+                done[row] = int(length) - int(amount)
+            for j, r in enumerate(running):
+                work[-(j + 1)] = r.remaining
+                done[-(j + 1)] = r.prompt_tokens - r.remaining
+            fast = _with_running(
+                fast_rows.tolist(),
+                [(-s, r.arrival) for s, r in zip(run_scores, running, strict=True)],
+                lambda row: (-scores.item(row), queue.arrival.item(row)),
+            )
+            decided = self._decide(fast, fair, work, done, queue_work, n, step, queue.ids_of,
+                                   fast_whole=len(fast_rows) >= n)
+            if decided is not None:
+                return decided
+            reach = min(n, 2 * reach)  # the Fast lane passed over its whole known prefix
 
     # --- the step's decision, from the lanes ------------------------------------------------------
 
@@ -249,13 +302,17 @@ class FairwayPolicy(FastLanePolicy):
         fast: list[int],
         fair: list[int],
         work: dict[int, int],
+        done: dict[int, int],
         queue_work: float,
         n: int,
         step: Step,
         ids_of: Callable[[list[int]], list[str]],
-    ) -> Ordering:
+        fast_whole: bool,
+    ) -> Ordering | None:
         """Contest, ledgers, merge and plan from the two lanes (known prefixes of them whose
-        merge places every running prefill and the scan's head)."""
+        merge places every running prefill and the scan's head). None when the Fast lane passed
+        over its whole known prefix and more of it exists (`fast_whole` False): the caller widens
+        the prefix and asks again (nothing was changed)."""
         self._pending = None
         prefilling, budget = step.prefilling, step.budget
         m = len(prefilling)
@@ -282,7 +339,11 @@ class FairwayPolicy(FastLanePolicy):
         start = (self.ledger.fast, self.ledger.fair) if contested else None
         # Placements until a lane's known prefix is used up: each is the whole queue's merge's;
         # every running prefill and at least the scan's head of waiting rows are placed.
-        keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots, tokens)
+        passed: set[int] = set()
+        keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots, tokens,
+                                     fit=contested, skipped=passed)
+        if passed and not fast_whole and passed.union(keys).issuperset(fast):
+            return None
         rows = [k for k in keys if k >= 0]
         row_lanes = [lane for k, lane in zip(keys, lanes, strict=True) if k >= 0]
         order = head_order(rows, n) if len(rows) < n else np.asarray(rows, dtype=np.intp)
@@ -295,7 +356,8 @@ class FairwayPolicy(FastLanePolicy):
         placed = {ids[k]: lane for k, lane in zip(keys, charged, strict=True)}
         if not contested or slots is None:
             return Ordering(order, lanes_out, StepPlan(front_id, budget=tokens, lanes=placed))
-        given = grants(keys, work, tokens, slots)
+        assert budget is not None  # contested
+        given = grants(keys, work, tokens, slots, done, budget.free_blocks, budget.block_size)
         got = dict(zip(keys, given, strict=True))
         hold = {p.request_id for j, p in enumerate(prefilling) if got.get(-(j + 1), 0) == 0}
         cap = tokens
@@ -304,9 +366,14 @@ class FairwayPolicy(FastLanePolicy):
                 before = [work[k] for k, b in zip(keys[:i], given[:i], strict=True) if b > 0]
                 if all(amount <= grant for amount in before):
                     cap = grant
+                elif key == front:  # the Fair front is never held: it gets at least as much
+                    cap = max(before)  # as any request placed before it
                 else:  # the cap would chunk a request placed before it: hold it instead
                     hold.add(ids[key])
                 break
+        if self._release:
+            hold.clear()
+        self._held, self._release = bool(hold), False
         self._pending = placed
         plan = StepPlan(
             front_id,
@@ -332,6 +399,7 @@ class FairwayPolicy(FastLanePolicy):
     ) -> None:
         """Charge each lane the prefill tokens vLLM scheduled for its placements."""
         placed, self._pending = self._pending, None
+        self._release, self._held = self._held and prefill_tokens == 0, False
         if placed is None or prefill_by_request is None or not self.ledger.active:
             return
         fast = fair = 0

@@ -125,6 +125,8 @@ def merge(
     ledgers: tuple[float, float] | None = None,
     slots: int | None = None,
     step_tokens: int | None = None,
+    fit: bool = False,
+    skipped: set[int] | None = None,
 ) -> tuple[list[int], list[str], list[str]]:
     """The seed's merge of two lanes over the same requests.
 
@@ -146,6 +148,11 @@ def merge(
     w x a whole chunk of the long front whenever its score put the front next (a running
     prefill's computed tokens raise its score), and the hits behind it would wait up to w steps
     while the Fair lane caught up.
+
+    `fit` (with `step_tokens`): the Fast lane starts only what it finishes in the step. While
+    the work placed so far is below `step_tokens`, a Fast-lane request whose work exceeds what
+    is left is passed over by the Fast lane (it stays in the Fair lane, in its place there) and
+    its key is added to `skipped`. Every partial start of a step is then the Fair lane's.
     """
     placed: set[int] = set()
     keys: list[int] = []
@@ -159,18 +166,33 @@ def merge(
         ledger = list(ledgers)
     front = fair[0]
     long_front = step_tokens is not None and float(work[front]) >= weight * step_tokens
+    passed = set() if skipped is None else skipped
+    placed_work = 0.0
 
     def run(fast_keys: Sequence[int], fair_keys: Sequence[int], waiting_limit: int | None) -> None:
+        nonlocal placed_work
         fast_pos = fair_pos = 0
         waiting = sum(1 for k in keys if k >= 0)
         while waiting_limit is None or waiting < waiting_limit:
-            while fast_pos < len(fast_keys) and fast_keys[fast_pos] in placed:
+            while fast_pos < len(fast_keys) and (
+                fast_keys[fast_pos] in placed or fast_keys[fast_pos] in passed
+            ):
                 fast_pos += 1
             while fair_pos < len(fair_keys) and fair_keys[fair_pos] in placed:
                 fair_pos += 1
-            if fast_pos == len(fast_keys) or fair_pos == len(fair_keys):
+            if fair_pos == len(fair_keys) or (fast_pos == len(fast_keys) and not passed):
                 return
-            if ledger[0] <= ledger[1]:
+            fast_turn = fast_pos < len(fast_keys) and ledger[0] <= ledger[1]
+            if (
+                fast_turn
+                and fit
+                and step_tokens is not None
+                and placed_work < step_tokens
+                and float(work[fast_keys[fast_pos]]) > step_tokens - placed_work
+            ):  # the Fast lane would start what it cannot finish in the step: pass it over
+                passed.add(fast_keys[fast_pos])
+                continue
+            if fast_turn:
                 key = fast_keys[fast_pos]
                 ledger[0] += weight * float(work[key])
                 lanes.append(FAST)
@@ -182,6 +204,7 @@ def merge(
                 charged.append(FAIR)
             placed.add(key)
             keys.append(key)
+            placed_work += float(work[key])
             waiting += key >= 0
 
     if slots is None:

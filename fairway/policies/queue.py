@@ -104,12 +104,17 @@ class StepBudget:
         ahead: remaining tokens of requests the engine serves from the waiting queue before the
             policy's order (preempted requests it keeps at the head), in that order.
         ahead_ids: their ids.
+        free_blocks: KV blocks the engine can still hand out this step (free or evictable);
+            None: unknown, no KV stop is foreseen.
+        block_size: tokens per KV block.
     """
 
     tokens: int
     free_slots: int
     ahead: tuple[int, ...] = ()
     ahead_ids: tuple[str, ...] = ()
+    free_blocks: int | None = None
+    block_size: int = 16
 
 
 @dataclass(frozen=True, slots=True)

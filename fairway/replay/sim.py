@@ -447,6 +447,7 @@ class _Loop:
         self.progress = progress
         self.num_steps = 0
         self.next_arrival = 0
+        self.empty_steps = 0
         self.aborted = False
 
     def run(self) -> None:
@@ -464,8 +465,14 @@ class _Loop:
                     self.clock.jump_to(self.requests[self.next_arrival].arrival_s)
                     continue
                 done_before = self.recorder.num_done
-                if not self._step():
-                    self._stalled()
+                if self._step():
+                    self.empty_steps = 0
+                else:
+                    # an engine loops again at once after a step with nothing to schedule (a
+                    # policy may change its plan after one); only a second one in a row stalls
+                    self.empty_steps += 1
+                    if self.empty_steps > 1:
+                        self._stalled()
                 bar.update(self.recorder.num_done - done_before)
         finally:
             bar.close()

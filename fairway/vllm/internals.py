@@ -362,6 +362,11 @@ def usable_blocks(scheduler: Scheduler) -> int:
     return block_pool(scheduler).num_gpu_blocks - 1  # vLLM internal: BlockPool.num_gpu_blocks
 
 
+def free_blocks(scheduler: Scheduler) -> int:
+    """KV blocks vLLM can hand out now: free ones and cached ones no request holds."""
+    return int(block_pool(scheduler).get_num_free_blocks())
+
+
 def free_block_queue(scheduler: Scheduler) -> FreeKVCacheBlockQueue:
     """vLLM's queue of evictable blocks, LRU first."""
     return block_pool(scheduler).free_block_queue  # vLLM internal: BlockPool.free_block_queue

@@ -49,6 +49,8 @@ def step_budget(
         free_slots=internals.free_slots(scheduler) if free is None else free,
         ahead=tuple([n for _, n in ahead]) if ahead else (),
         ahead_ids=tuple([i for i, _ in ahead]) if ahead else (),
+        free_blocks=internals.free_blocks(scheduler),
+        block_size=internals.block_size_of(internals.kv_cache_manager(scheduler)),
     )
 
 

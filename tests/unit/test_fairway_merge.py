@@ -98,7 +98,14 @@ def test_a_running_prefill_keeps_its_grant_and_no_more() -> None:
     assert share.cap == 2_048 - 900 and not share.hold
     many = [QueuedRequest(f"H{i}", 1.0, 6_300, 6_000) for i in range(10)]
     _, share = _plan(get("fairway"), many, running, StepBudget(2_048, 16), 1.5)
-    assert share.hold == {"M"}  # 3,000 tokens of hits placed first: none left for M
+    # The Fast lane places the six hits that fit (1,800 tokens) and passes over the rest (300 >
+    # 248 left); M, the Fair front, is never held: its cap is the largest work placed before it.
+    assert not share.hold and share.cap == 300
+    assert list(share.lanes)[:7] == [*(f"H{i}" for i in range(6)), "M"]
+    # A running prefill that is not the Fair front is still held when nothing is left for it.
+    later = (*running, PrefillingRequest("N", 0.5, 5_000, 6_000))
+    _, share = _plan(get("fairway"), many, later, StepBudget(2_048, 16), 1.5)
+    assert share.hold == {"N"} and share.front_id == "M"
 
 
 @settings(max_examples=300, deadline=None)

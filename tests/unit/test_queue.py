@@ -214,9 +214,11 @@ def test_keyed_state_grows_and_keeps_values() -> None:
     num_running=st.integers(0, 3),
     extra_scan=st.integers(0, 26),
     ties=st.booleans(),
+    blocks=st.sampled_from([None, 0, 8, 200, 100_000]),
 )
 def test_fairway_plan_over_the_scanned_head_equals_the_whole_queue_and_the_reference(
-    seed: int, slots: int, tokens: int, num_running: int, extra_scan: int, ties: bool
+    seed: int, slots: int, tokens: int, num_running: int, extra_scan: int, ties: bool,
+    blocks: int | None,
 ) -> None:
     """With `Step.head` (never below the free slots, as `probe.scan_bound`), `fairway` merges
     only the lanes' known prefixes: the first `head` positions of the order and their lanes, the
@@ -239,7 +241,7 @@ def test_fairway_plan_over_the_scanned_head_equals_the_whole_queue_and_the_refer
     scan = slots + extra_scan
     whole, head, reference = get("fairway"), get("fairway"), get("fairway")
     cols = QueueColumns.of(queue)
-    budget = StepBudget(tokens, slots)
+    budget = StepBudget(tokens, slots, free_blocks=blocks)
     for _ in range(3):  # a few steps: the ledgers carry over
         full = whole.ordering(cols, Step(10.0, None, budget, running))
         got = head.ordering(cols, Step(10.0, scan, budget, running))
