@@ -217,7 +217,7 @@ def _check_steps(sched, budget: int) -> int:
             front_bound = math.ceil(max(0.0, -before) / (WEIGHT * max(1, p))) + 1
         if scheduled.get(front, 0) == 0:
             front_waits += 1
-            assert front_waits <= front_bound, str((front, front_waits, front_bound, before, p, dict(scheduled), [(v.request_id, v.arrival, v.prompt_tokens, v.cached_tokens) for v in record["views"]], pre["prefilling"], share, record["ledger"]))
+            assert front_waits <= front_bound, (front, front_waits, front_bound, before, p)
         else:
             front_waits = 0
         if steps == 1 and not pre["prefilling"]:
