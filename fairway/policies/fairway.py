@@ -168,10 +168,11 @@ class FairwayPolicy(FastLanePolicy):
     on keeps its grant and no more (vLLM's per-request cap, `long_prefill_token_threshold`, set for
     the step to that grant). If a request placed before it would need more than that grant, the
     running prefill is held back instead (it loses less than that request's work, and its lane is
-    charged only what it got), unless it is the Fair front, which is never held: its cap is then
-    the largest work placed before it, so it gets at least that much (the requests after it in
-    vLLM's service order get less; one of them may be left half done). A cap on every running prefill at its lane's share of each step was
-    measured and not kept (one E2 run of that variant): it changed nothing for hits behind a long
+    charged only what it got); the Fair front is not held so two steps in a row: the second time
+    its cap is the largest work placed before it, so it gets at least that much (the requests
+    after it in vLLM's service order get less; one of them may be left half done). A cap on
+    every running prefill at its lane's share of each step was measured and not kept (one E2 run
+    of that variant): it changed nothing for hits behind a long
     miss once the Fair front is charged to its own lane, and it raised E2's p99s (up to 1.75 x
     `fairway-step`'s), making several long prefills share steps and all finish later.
 
@@ -180,7 +181,13 @@ class FairwayPolicy(FastLanePolicy):
     next plan holds none.
 
     Guarantee (contested steps; w = fast_weight, P the step's prefill budget, D = fast - fair):
-        * the lagging lane goes first: D <= 0, Fast's front is placed first; else Fair's;
+        * the lagging lane goes first: D <= 0, the Fast lane places first (its first request
+          that fits the step; if none does, the Fair lane); else the Fair lane;
+        * started first, finished first: the Fair front is the oldest running prefill while one
+          is partly done, else the oldest waiting request; after a contested step at most one
+          prefill is partly done that was not before it, the Fair lane's last placement (unless
+          vLLM's one cap could not split the step as planned: a held prefill, or the Fair
+          front's cap raised after it was held);
         * while the ledgers carry, D stays within one chunk of the other lane: D <= 0 before a
           step gives D' <= max(D, w P) after it, D > 0 gives D' >= min(D, -P) (with exact
           admission: no KV-block stop, no preemption). The charges are the scheduled tokens, so
@@ -190,11 +197,13 @@ class FairwayPolicy(FastLanePolicy):
           other does not use;
         * the Fair front O gets prefill tokens within ceil(max(0, -D) / (w P)) + 1 contested
           steps of becoming the front (each step the Fast lane goes first raises D by w x its
-          tokens, and Fast takes the whole step only while its ledger stays below Fair's): for a
-          new contest ceil(W_O / (w P)) + 1 steps, W_O its work; once the start gap is worked
-          off, within 2 steps, whatever O's size;
+          tokens, and Fast takes the whole step only while its ledger stays below Fair's): for
+          a new contest ceil(W_O / (w P)) + 1 steps, W_O its work; once the start gap is worked
+          off, within 2 steps, whatever O's size; plus one step for each time O is held rather
+          than capped below a request placed before it, never two steps in a row;
         * on the first contested step after an uncontested one, with no running prefill, the
-          waiting order equals `fairway-step`'s (the worked example holds for both).
+          waiting order equals `fairway-step`'s merge with the Fast lane passing over what it
+          cannot finish in the step (the worked example holds for both).
 
     Caller's contract: call `ordering()` before every step (also when only prefills run) and
     `on_step_end(..., prefill_by_request=)` after it; `order()` alone gives the seed's order.
@@ -211,6 +220,8 @@ class FairwayPolicy(FastLanePolicy):
     #: The last plan held prefills back (`_held`); after such a step that scheduled nothing, the
     #: next plan holds none (`_release`): a hold never leaves the engine without work twice.
     _held: bool = field(init=False, repr=False, default=False)
+    #: The Fair front the last plan held back instead of capping it (None: it was not held).
+    _front_held: str | None = field(init=False, repr=False, default=None)
     _release: bool = field(init=False, repr=False, default=False)
 
     # --- the rule ---------------------------------------------------------------------------------
@@ -314,6 +325,7 @@ class FairwayPolicy(FastLanePolicy):
         over its whole known prefix and more of it exists (`fast_whole` False): the caller widens
         the prefix and asks again (nothing was changed)."""
         self._pending = None
+        front_held, self._front_held = self._front_held, None
         prefilling, budget = step.prefilling, step.budget
         m = len(prefilling)
         if n + m == 0:
@@ -366,13 +378,15 @@ class FairwayPolicy(FastLanePolicy):
                 before = [work[k] for k, b in zip(keys[:i], given[:i], strict=True) if b > 0]
                 if all(amount <= grant for amount in before):
                     cap = grant
-                elif key == front:  # the Fair front is never held: it gets at least as much
-                    cap = max(before)  # as any request placed before it
+                elif key == front and ids[key] == front_held:
+                    cap = max(before)  # the Fair front is not held two steps in a row: it gets
+                    # at least as much as any request placed before it
                 else:  # the cap would chunk a request placed before it: hold it instead
                     hold.add(ids[key])
                 break
         if self._release:
             hold.clear()
+        self._front_held = front_id if front_id in hold else None
         self._held, self._release = bool(hold), False
         self._pending = placed
         plan = StepPlan(

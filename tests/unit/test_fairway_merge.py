@@ -99,13 +99,19 @@ def test_a_running_prefill_keeps_its_grant_and_no_more() -> None:
     many = [QueuedRequest(f"H{i}", 1.0, 6_300, 6_000) for i in range(10)]
     _, share = _plan(get("fairway"), many, running, StepBudget(2_048, 16), 1.5)
     # The Fast lane places the six hits that fit (1,800 tokens) and passes over the rest (300 >
-    # 248 left); M, the Fair front, is never held: its cap is the largest work placed before it.
-    assert not share.hold and share.cap == 300
+    # 248 left); M, the Fair front, would be capped below a hit's work: it is held for the step,
+    assert share.hold == {"M"}
     assert list(share.lanes)[:7] == [*(f"H{i}" for i in range(6)), "M"]
+    # but not two steps in a row: then its cap is the largest work placed before it.
+    policy = get("fairway")
+    _plan(policy, many, running, StepBudget(2_048, 16), 1.5)
+    policy.on_step_end([], 1_800, prefill_by_request={f"H{i}": 300 for i in range(6)})
+    _, share = _plan(policy, many, running, StepBudget(2_048, 16), 1.6)
+    assert share.contested and not share.hold and share.cap == 300
     # A running prefill that is not the Fair front is still held when nothing is left for it.
     later = (*running, PrefillingRequest("N", 0.5, 5_000, 6_000))
     _, share = _plan(get("fairway"), many, later, StepBudget(2_048, 16), 1.5)
-    assert share.hold == {"N"} and share.front_id == "M"
+    assert share.hold == {"M", "N"} and share.front_id == "M"
 
 
 @settings(max_examples=300, deadline=None)

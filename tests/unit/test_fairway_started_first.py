@@ -73,9 +73,9 @@ def test_grants_foresee_the_kv_stop() -> None:
 
 
 def test_the_step_goes_to_the_prefills_when_the_hits_blocks_are_not_free() -> None:
-    """Eight hits placed first would take 1,800 tokens of the step (six fit; the Fair front R,
-    never held, gets 300); when the hits' KV blocks are not free, vLLM will not start them, and
-    the plan gives R the whole step instead of leaving it unused."""
+    """Eight hits placed first would take 1,800 tokens of the step (six fit; the Fair front R is
+    held rather than capped below a hit's work); when the hits' KV blocks are not free, vLLM will
+    not start them, and the plan gives R the whole step instead of leaving it unused."""
     old = QueuedRequest("O", 0.0, 9_000, 0)
     running = [PrefillingRequest("R", 5.0, 20_000, 24_000), PrefillingRequest("S", 6.0, 900, 1_000)]
     hits = [QueuedRequest(f"H{k}", 7.0 + k, 6_300, 6_000) for k in range(8)]
@@ -83,8 +83,9 @@ def test_the_step_goes_to_the_prefills_when_the_hits_blocks_are_not_free() -> No
     tight = _plan(get("fairway"), [old, *hits], StepBudget(2_048, 8, free_blocks=50), running)
     assert roomy.plan is not None and tight.plan is not None
     assert roomy.plan.front_id == tight.plan.front_id == "R"
-    assert roomy.plan.cap == 300 and tight.plan.cap == 2_048
-    assert roomy.plan.hold == tight.plan.hold == {"S"}  # started after R: it waits for R
+    assert roomy.plan.hold == {"R", "S"}
+    assert tight.plan.cap == 2_048
+    assert tight.plan.hold == {"S"}  # started after R: it waits for R
 
 
 def test_after_a_held_step_that_scheduled_nothing_the_next_plan_holds_none() -> None:
