@@ -325,11 +325,12 @@ class FairwayPolicy(FastLanePolicy):
         over its whole known prefix and more of it exists (`fast_whole` False): the caller widens
         the prefix and asks again (nothing was changed)."""
         self._pending = None
-        front_held, self._front_held = self._front_held, None
+        front_held = self._front_held  # consumed only by a decision (not by a None answer)
         prefilling, budget = step.prefilling, step.budget
         m = len(prefilling)
         if n + m == 0:
             self.ledger.reset()
+            self._front_held = None
             return Ordering([], [], StepPlan())
         tokens = 0 if budget is None else max(0, budget.tokens - sum(budget.ahead))
         contested = (
@@ -367,6 +368,7 @@ class FairwayPolicy(FastLanePolicy):
         front_id = ids[front] if front in ids else ids_of([front])[0]
         placed = {ids[k]: lane for k, lane in zip(keys, charged, strict=True)}
         if not contested or slots is None:
+            self._front_held = None
             return Ordering(order, lanes_out, StepPlan(front_id, budget=tokens, lanes=placed))
         assert budget is not None  # contested
         given = grants(keys, work, tokens, slots, done, budget.free_blocks, budget.block_size)
