@@ -24,7 +24,7 @@ A scenario's name says all three (`x` load, `cache`, `steps`) and any preset ove
   much below that (0.1: 76 s); 0.2 is the light end (FCFS median 3.5 s), 0.65 the overloaded
   one (median 129 s).
 
-Policies: fcfs, lpm, klpm-4, ragcache, preble, peek, hrrn, fairway-step (the seed's per-step
+Policies: fcfs, lpm, klpm-4, ragcache, preble, peek, hrrn, fairway-step (the paper's per-step
 rule, when registered) and fairway. Per scenario (the paper's C2 protocol): the p99 TTFT over all
 requests of the best baseline whose starvation flag is off (worst TTFT <= 3 x its own p99) and
 that has no errors, Fairway's p99 and the ratio Fairway / best; Fairway / fairway-step (the
@@ -61,7 +61,7 @@ from fairway.traces.build import LONG_CONTEXT_BATCHED_TOKENS, default_capacity_t
 
 NAME = "e2"
 BASELINES = ("fcfs", "lpm", "klpm-4", "ragcache", "preble", "peek", "hrrn")
-#: The seed's per-step rule, compared with `fairway` when it is registered.
+#: The paper's per-step rule, compared with `fairway` when it is registered.
 STEP = "fairway-step"
 #: `fairway`'s p99 may exceed `fairway-step`'s by at most this factor in any scenario.
 STEP_TOLERANCE = 1.02

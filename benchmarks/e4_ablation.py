@@ -10,7 +10,7 @@ Relative wait should help short prompts on the mixed trace and change little on 
 (b) `fairway-step` against `fairway-nofair` (Fast lane only): p99, max TTFT, starvation flag on
 `sec-a`, `sec-long` and the `flood` preset (the Fair lane exists for floods of cache hits).
 KV cache as in `fairway bench` (0.3 x reusable content, or the floor). Writes e4.md / e4.json /
-e4.png and one JSON per replay. Both ablations are variants of the seed rule, `fairway-step` (the
+e4.png and one JSON per replay. Both ablations are variants of the paper's rule, `fairway-step` (the
 cross-step `fairway` has no `wait_mode` or `fair_lane` parameter).
 """
 

@@ -11,7 +11,7 @@ the top left of neither axis (slow hits, short worst miss), LPM at the other end
 a point below and left of the line between them. Points:
 
 * `fairway` with `fast_weight` in {1, 2, 4, 8, 16} (4 is the default);
-* `fairway-step` (the seed's per-step rule, when registered) with its defaults;
+* `fairway-step` (the paper's per-step rule, when registered) with its defaults;
 * k-LPM with k in {2, 4, 8, 16}; HRRN; LPM; FCFS.
 
 The check the script prints: does any baseline point (k-LPM, HRRN, LPM, FCFS) dominate a Fairway

@@ -56,7 +56,7 @@ OTHER_ENV_VARS: dict[str, str] = {
 #: Prefixes of more such variables (test settings).
 OTHER_ENV_PREFIXES = ("FAIRWAY_E2E_",)
 _JSON_SOURCE = "--additional-config"
-#: The ordering a server uses when none is given: `fairway`, the seed's work charges carried
+#: The ordering a server uses when none is given: `fairway`, the paper's work charges carried
 #: across steps (docs/results.md has the measurements behind the choice).
 DEFAULT_POLICY = "fairway"
 
@@ -69,7 +69,7 @@ class FairwayOptions:
 
     policy: str = DEFAULT_POLICY
     """The ordering of the waiting queue: a registered policy name (`fairway`, the default;
-    `fairway-step`, the seed's per-step rule, and its ablations `fairway-abswait` and
+    `fairway-step`, the paper's per-step rule, and its ablations `fairway-abswait` and
     `fairway-nofair`; or a baseline such as `fcfs`, `lpm`, `peek`)."""
     policy_params: dict[str, Any] = field(default_factory=dict)
     """The policy's parameters (fields of its dataclass, e.g. `fast_weight` for `fairway`);

@@ -1,12 +1,12 @@
-"""Fairway: the seed's two lanes and work charges, the charges carried across the steps of a
+"""Fairway: the paper's two lanes and work charges, the charges carried across the steps of a
 long Fair front.
 
-Must not import vllm. Registered as `fairway`. The seed's per-step rule, ledgers reset every
+Must not import vllm. Registered as `fairway`. The paper's per-step rule, ledgers reset every
 step and running prefills left to vLLM, is `fairway-step` (`fairway.policies.fairway_step`); both
 use the same Fast-lane score and the same merge (`fairway.policies.lanes`).
 
 Read `FairwayPolicy.plan` first: the step's rule in plain Python over the whole lanes (its
-`order` is the seed's, `fairway-step`'s). `ordering` below it is what the engine runs: the same
+`order` is the paper's, `fairway-step`'s). `ordering` below it is what the engine runs: the same
 plan from the first entries of each lane only, found by partial selections over the queue's
 numpy columns; tests/unit/test_queue.py (hypothesis) keeps the two equal.
 """
@@ -44,7 +44,7 @@ from fairway.policies.queue import (
 class LaneLedgers:
     """The two lanes' work charges, kept while steps stay contested.
 
-    `fast` and `fair` are the ledgers the merge compares: the seed's start (w x the Fast front's
+    `fast` and `fair` are the ledgers the merge compares: the paper's start (w x the Fast front's
     work, the Fair front's work) plus, after each contested step, w x the prefill tokens vLLM
     scheduled for the requests the Fast lane placed and 1 x those of the Fair lane's. The token
     counts and `start_gap` (fast - fair at the start) make the guarantee checkable:
@@ -127,7 +127,7 @@ def grants(
 @register_policy("fairway")
 @dataclass(eq=False)
 class FairwayPolicy(FastLanePolicy):
-    """The seed's two lanes and work charges over waiting and prefilling requests, carried
+    """The paper's two lanes and work charges over waiting and prefilling requests, carried
     across the steps a long Fair front needs.
 
     Lanes. Both lanes hold every request whose prefill is not finished: the waiting ones and the
@@ -143,7 +143,7 @@ class FairwayPolicy(FastLanePolicy):
     back half done, several at a time: the tail of E2's long prompts, and in a small KV cache a
     queue that could not start at all.)
 
-    Merge (`merge`, the seed's): the lane with the smaller ledger places its next request not yet
+    Merge (`merge`, the paper's): the lane with the smaller ledger places its next request not yet
     placed and adds its work (uncached tokens; x w = fast_weight for Fast); ties go to Fast.
     Once the step's free request slots are placed, only running prefills are placed (a waiting
     request without a slot gets nothing this step), then the rest of the queue. Each placed
@@ -152,12 +152,12 @@ class FairwayPolicy(FastLanePolicy):
 
     Contest. A step is contested when at least two requests compete, the two lanes' fronts
     differ, and their work exceeds P (the step's token budget minus the running decodes').
-    Otherwise it is vLLM's own step (order by the seed's merge, nothing capped or held) and the
-    ledgers restart. Ledgers start as the seed's (w x the Fast front's work, the Fair front's
+    Otherwise it is vLLM's own step (order by the paper's merge, nothing capped or held) and the
+    ledgers restart. Ledgers start as the paper's (w x the Fast front's work, the Fair front's
     work); after each contested step each lane is charged the prefill tokens vLLM actually
     scheduled for the requests it placed (x w for Fast), and the next step's merge starts from
-    the charged ledgers. They restart (the seed's start again) at every contested step whose
-    Fair front needs less than one step (work < P): the seed's per-step rule already starts such
+    the charged ledgers. They restart (the paper's start again) at every contested step whose
+    Fair front needs less than one step (work < P): the paper's per-step rule already starts such
     a front in the step (at most its work / w goes ahead of it), so carrying is needed only for
     a front that needs several steps, which the per-step rule starves from w x P tokens on.
 
@@ -192,7 +192,7 @@ class FairwayPolicy(FastLanePolicy):
           step gives D' <= max(D, w P) after it, D > 0 gives D' >= min(D, -P) (with exact
           admission: no KV-block stop, no preemption). The charges are the scheduled tokens, so
           over any run of carried steps w x (Fast tokens) - (Fair tokens) = D - D_0 stays within
-          [-P, w P] of -D_0 (D_0 = the seed's start gap): the Fair lane gets w / (1 + w) of the
+          [-P, w P] of -D_0 (D_0 = the paper's start gap): the Fair lane gets w / (1 + w) of the
           tokens and the Fast lane 1 / (1 + w) while both have demand, each taking what the
           other does not use;
         * the Fair front O gets prefill tokens within ceil(max(0, -D) / (w P)) + 1 contested
@@ -206,7 +206,7 @@ class FairwayPolicy(FastLanePolicy):
           cannot finish in the step (the worked example holds for both).
 
     Caller's contract: call `ordering()` before every step (also when only prefills run) and
-    `on_step_end(..., prefill_by_request=)` after it; `order()` alone gives the seed's order.
+    `on_step_end(..., prefill_by_request=)` after it; `order()` alone gives the paper's order.
     """
 
     needs_cache_hits: ClassVar[bool] = True
@@ -227,7 +227,7 @@ class FairwayPolicy(FastLanePolicy):
     # --- the rule ---------------------------------------------------------------------------------
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
-        """The seed's order (`fairway-step`'s): what `plan` gives without a step budget."""
+        """The paper's order (`fairway-step`'s): what `plan` gives without a step budget."""
         return [int(i) for i in np.asarray(self.plan(queue, Step(now)).order)]
 
     def plan(self, waiting: Sequence[QueuedRequest], step: Step) -> Ordering:
@@ -346,7 +346,7 @@ class FairwayPolicy(FastLanePolicy):
         elif not contested:
             self.ledger.reset()
         elif not self.ledger.active or work[fair[0]] < tokens:
-            # the seed's start; a Fair front that fits in one step is served by the seed's
+            # the paper's start; a Fair front that fits in one step is served by the paper's
             # per-step rule (at most its work / w goes ahead of it), so the carry restarts
             self.ledger.start(self.fast_weight * work[fast[0]], float(work[fair[0]]))
         start = (self.ledger.fast, self.ledger.fair) if contested else None

@@ -1,4 +1,4 @@
-"""The seed Fairway rule, one step at a time: a Fast lane and a Fair lane merged by work charges.
+"""The paper's Fairway rule, one step at a time: a Fast lane and a Fair lane merged by work charges.
 
 Must not import vllm. Registered as `fairway-step`, and the ablations `fairway-abswait` (wait in
 absolute seconds) and `fairway-nofair` (Fast lane only), which stay on this per-step rule. The
@@ -46,7 +46,7 @@ WaitMode = Literal["relative", "absolute"]
 @register_policy("fairway-nofair", fair_lane=False)
 @dataclass(eq=False)
 class FairwayStepPolicy(FastLanePolicy):
-    """The seed rule: two lanes over the waiting queue, merged by work charges, every step anew.
+    """The paper's rule: two lanes over the waiting queue, merged by work charges, every step anew.
 
     Fast lane: `FastLanePolicy`'s score, highest first. `fairway-abswait` uses wait /
     patience_floor_s instead of wait / SLO (absolute seconds, same scale at the floor).

@@ -1,9 +1,9 @@
 """The two lanes both Fairway policies share: the Fast-lane score and the work-charge merge.
 
-Must not import vllm. `FastLanePolicy` is the base class of `fairway-step` (the seed's per-step
+Must not import vllm. `FastLanePolicy` is the base class of `fairway-step` (the paper's per-step
 rule, `fairway.policies.fairway_step`) and `fairway` (the charges carried across steps,
 `fairway.policies.fairway`): the parameters both take, the patience (SLO) and the Fast score.
-`merge` is the seed's merge of the two lanes, with the cross-step policy's two extensions (start
+`merge` is the paper's merge of the two lanes, with the cross-step policy's two extensions (start
 ledgers, free request slots). The lane-head selections at the bottom find the first entries of a
 lane without sorting the whole queue (what the engine calls every step over 1,000s of requests).
 """
@@ -128,11 +128,11 @@ def merge(
     fit: bool = False,
     skipped: set[int] | None = None,
 ) -> tuple[list[int], list[str], list[str]]:
-    """The seed's merge of two lanes over the same requests.
+    """The paper's merge of two lanes over the same requests.
 
     `fast` and `fair` list the same requests (keys; waiting rows >= 0, running prefills < 0) in
     each lane's order; `ledgers` are the (fast, fair) ledgers to start from, or None for the
-    seed's start (w x the Fast front's work, the Fair front's work). The lane with the smaller
+    paper's start (w x the Fast front's work, the Fair front's work). The lane with the smaller
     ledger places its first request not yet placed and adds its work (x weight for Fast); ties
     go to Fast. Each lane is read only at its first entry not yet placed, so the merge of two
     lane prefixes equals the whole lanes' until one prefix is used up, where it stops.
@@ -142,9 +142,9 @@ def merge(
     not move the ledgers ahead of them), then the other waiting requests as before.
     Returns the placed keys, the lane that placed each, and the lane each is charged to: the
     placing lane, except that a Fair front (`fair[0]`, the oldest request) of at least
-    w x `step_tokens` work, one the seed's per-step rule would starve, is charged to the Fair
+    w x `step_tokens` work, one the paper's per-step rule would starve, is charged to the Fair
     lane whichever lane places it. That changes no placement of the merge itself (its ledgers are
-    the seed's), only what the step's tokens are booked as: without it the Fast lane would pay
+    the paper's), only what the step's tokens are booked as: without it the Fast lane would pay
     w x a whole chunk of the long front whenever its score put the front next (a running
     prefill's computed tokens raise its score), and the hits behind it would wait up to w steps
     while the Fair lane caught up.

@@ -15,7 +15,7 @@ from fairway.policies import UNPLACED_LANE, arrival_order
 pytestmark = pytest.mark.integration
 
 STEPS = 70
-BOUNDED = ("fairway-step", "fairway-abswait")  # the seed rule's per-step work-charge bound
+BOUNDED = ("fairway-step", "fairway-abswait")  # the paper's per-step work-charge bound
 
 
 def _spy(base):

@@ -15,7 +15,7 @@ docs/design.md:
   the one the Fair lane placed last;
 * the ledgers stay within one chunk: D <= 0 before a step gives D' <= w P after it, D > 0 gives
   D' >= -P (P the step's prefill budget), and w x (Fast tokens) - (Fair tokens) is the ledgers'
-  gap minus the seed's start gap (the charges are the tokens vLLM scheduled);
+  gap minus the paper's start gap (the charges are the tokens vLLM scheduled);
 * the Fair front gets prefill tokens within ceil(max(0, -D) / (w P)) + 1 contested steps of
   becoming the front;
 * on the first contested step after an uncontested one, with no running prefill, the waiting
@@ -41,7 +41,7 @@ from fairway.policies.lanes import fair_lane_order, fast_lane_order, merge
 
 pytestmark = pytest.mark.integration
 
-PREFIX = list(range(500, 500 + 320))  # 20 blocks of 16, cached by a seed request
+PREFIX = list(range(500, 500 + 320))  # 20 blocks of 16, cached by a warm-up request
 WEIGHT = 4.0
 #: (step budget, largest uncached tokens of a request, KV blocks)
 SHORT = (256, 6 * 256, 4_000)
@@ -244,9 +244,9 @@ def _check_seed_order(record) -> None:
     placed = [i for i, lane in zip(order, lanes, strict=True) if lane != UNPLACED_LANE]
     step = get("fairway-step", fast_weight=WEIGHT)
     fast = fast_lane_order(step.fast_scores(views, record["now"]), views)
-    seed, _, _ = merge(fast, fair_lane_order(views), [v.remaining for v in views], WEIGHT,
+    per_step, _, _ = merge(fast, fair_lane_order(views), [v.remaining for v in views], WEIGHT,
                        step_tokens=record["share"].budget, fit=True)
-    assert placed == seed[: len(placed)]
+    assert placed == per_step[: len(placed)]
 
 
 @pytest.mark.parametrize("setting", [SHORT, LONG], ids=["256-step", "8k-step-128k-prompts"])
@@ -279,7 +279,7 @@ def test_a_long_miss_among_hits_is_checked_in_contested_steps(
 
 def test_long_miss_running_does_not_block_hits(offline, helpers):
     """A 32k-token miss that runs alone gets whole steps; hits arriving behind it go first (the
-    seed's start: M's work is the Fair ledger) and then get the Fast lane's share of every step,
+    paper's start: M's work is the Fair ledger) and then get the Fast lane's share of every step,
     M the Fair lane's: no step gives M everything while hits wait, none starves M."""
     sched = offline.make_offline_scheduler(
         "fairway", num_blocks=6_000, max_num_batched_tokens=2_048, max_num_seqs=256
@@ -349,7 +349,7 @@ def test_share_failures_keep_vllms_step(offline, helpers, monkeypatch, inject):
     # ordering failed: vLLM's FCFS order; apply failed: Fairway's order with vLLM's own
     # split (no cap: the second request takes the rest of the 64-token budget).
     assert vllm_order[:2] == ["r0", "r1"]  # the order they came in
-    second = "r1" if inject == "ordering_raises" else "r5"  # the seed's merge: r0, then r5
+    second = "r1" if inject == "ordering_raises" else "r5"  # the paper's merge: r0, then r5
     assert dict(out.num_scheduled_tokens) == {"r0": 16, second: 48}
     assert sched.fairway_totals.policy_fallbacks >= 1
     assert sched.scheduler_config.long_prefill_token_threshold == 0

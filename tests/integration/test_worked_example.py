@@ -64,10 +64,10 @@ def test_same_scheduler_class_serves_other_policies(offline, helpers, policy, ex
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_fairway_takes_the_seeds_first_step_then_carries_the_charges(
+def test_fairway_takes_the_papers_first_step_then_carries_the_charges(
     offline, helpers, async_scheduling
 ):
-    """`fairway`'s first contested step is the seed's: the five hits (1,500 tokens = M / 4), then
+    """`fairway`'s first contested step is the paper's: the five hits (1,500 tokens = M / 4), then
     548 tokens of M. The ledgers start at (4 x 300, 6,000) and are charged what vLLM scheduled:
     Fast 1,200 + 4 x 1,500 = 7,200, Fair 6,000 + 548. Once the hits are done M is alone: no
     contest, whole steps (no cap)."""

@@ -1,4 +1,4 @@
-"""`fairway`'s merge, grants and step plan as pure functions (no vLLM): the seed's order on a
+"""`fairway`'s merge, grants and step plan as pure functions (no vLLM): the paper's order on a
 fresh step, the worked example, the slot rule, and the plan's cap and hold."""
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ def _queue(rows) -> list[QueuedRequest]:
 
 @settings(max_examples=300, deadline=None)
 @given(rows=queues, weight=st.sampled_from([0.5, 1.0, 4.0, 16.0]))
-def test_a_fresh_order_is_the_seeds(rows, weight) -> None:
+def test_a_fresh_order_is_the_papers(rows, weight) -> None:
     """Without a budget (and so on a first contested step without running prefills) `fairway`
     orders the waiting queue as `fairway-step` does, lanes included."""
     queue = _queue(rows)
-    ours, seed = get("fairway", fast_weight=weight), get("fairway-step", fast_weight=weight)
-    assert ours.order(queue, 5.0) == seed.order(queue, 5.0)
+    ours, step = get("fairway", fast_weight=weight), get("fairway-step", fast_weight=weight)
+    assert ours.order(queue, 5.0) == step.order(queue, 5.0)
     ordering = ours.ordering(QueueColumns.of(queue), Step(5.0))
-    assert list(ordering.lanes) == seed.order_with_lanes(queue, 5.0)[1]
+    assert list(ordering.lanes) == step.order_with_lanes(queue, 5.0)[1]
 
 
 def test_the_worked_example_and_its_charges() -> None:
@@ -94,7 +94,7 @@ def test_a_running_prefill_keeps_its_grant_and_no_more() -> None:
     running = (PrefillingRequest("M", 0.0, 30_000, 32_000),)
     hits = [QueuedRequest(f"H{i}", 1.0, 6_300, 6_000) for i in range(3)]
     _, share = _plan(policy, hits, running, StepBudget(2_048, 16), 1.5)
-    assert list(share.lanes) == ["H0", "H1", "H2", "M"]  # the seed's start: M's work is Fair's
+    assert list(share.lanes) == ["H0", "H1", "H2", "M"]  # the paper's start: M's work is Fair's
     assert share.cap == 2_048 - 900 and not share.hold
     many = [QueuedRequest(f"H{i}", 1.0, 6_300, 6_000) for i in range(10)]
     _, share = _plan(get("fairway"), many, running, StepBudget(2_048, 16), 1.5)

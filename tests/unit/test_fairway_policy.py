@@ -1,4 +1,4 @@
-"""FairwayStepPolicy (`fairway-step`, the seed rule): the worked example, the lane scores, the
+"""FairwayStepPolicy (`fairway-step`, the paper's rule): the worked example, the lane scores, the
 work-charge bound and its ablations."""
 
 from __future__ import annotations

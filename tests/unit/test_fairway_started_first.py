@@ -36,7 +36,7 @@ def test_the_fast_lane_passes_over_a_hit_it_cannot_finish_in_the_step() -> None:
 
 
 def test_without_a_step_budget_the_merge_passes_nothing() -> None:
-    """`fit` needs the step's tokens: the seed's merge (`fairway-step`, `order()`) is unchanged."""
+    """`fit` needs the step's tokens: the paper's merge (`fairway-step`, `order()`) is unchanged."""
     work = {0: 4_000, 1: 1_500, 2: 6_000}
     keys, lanes, _ = merge([0, 1, 2], [2, 0, 1], work, 1.0)
     assert keys[0] == 0 and lanes[0] == FAST
