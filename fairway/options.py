@@ -39,6 +39,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError
 from fairway.policies.base import Policy
+from fairway.tenants import TenantTable
 
 #: The key of Fairway's section in vLLM's `--additional-config`.
 SECTION = "fairway"
@@ -100,11 +101,28 @@ class FairwayOptions:
     """Queue positions per decision-trace record (the head of Fairway's order)."""
     decision_trace_max_bytes: _PositiveInt = 64 * 1024 * 1024
     """Rotate the decision trace (PATH.1, PATH.2) once it is larger than this."""
+    tenants: Any = None
+    """The tenants this node shares its prefill between: a JSON object of tenant name -> weight
+    (a number > 0; `{"team-a": 2, "team-b": 1}`) or a list of names (weight 1 each). A request
+    names its tenant with `"vllm_xargs": {"tenant": NAME}`; requests without one, or naming an
+    unlisted tenant, share the `default` tenant (list `default` to weigh it). Under contention
+    `fairway` gives each backlogged tenant its weight's share of the prefill tokens; null: one
+    tenant (the plain rule)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Where each given value came from (JSON key, flag or variable), for logs and errors."""
 
     def __post_init__(self) -> None:
         build_policy(self.policy, self.policy_params)  # an object is valid, however built
+        try:
+            TenantTable.parse(self.tenants)
+        except FairwayConfigError as exc:
+            source = self.sources.get("tenants", "the default")
+            raise FairwayConfigError(f"{exc} (set by {source})") from None
+
+    @property
+    def tenant_table(self) -> TenantTable:
+        """The configured tenants (`fairway.tenants`)."""
+        return TenantTable.parse(self.tenants)
 
     @property
     def protect_enabled(self) -> bool:
@@ -130,6 +148,7 @@ class FairwayOptions:
             "self_calibrate": self.self_calibrate,
             "decision_trace": self.decision_trace,
             "step_log": self.step_log,
+            "tenants": self.tenants,
         }
 
     def to_json(self, *, skip_env: bool = False) -> dict[str, Any]:
@@ -145,6 +164,8 @@ class FairwayOptions:
             if k in self.sources and not (skip_env and self.sources[k].startswith(ENV_PREFIX))
         }
         for key, value in out.items():
+            if key == "tenants":  # a JSON object or list, checked by TenantTable
+                continue
             if not isinstance(value, str | int | float | bool | type(None)):
                 raise FairwayConfigError(
                     f"Fairway option {key}={value!r} cannot be sent to a server (give a path or "
@@ -464,6 +485,8 @@ def _validation_message(
     exc: pydantic.ValidationError, values: Mapping[str, Any], sources: Mapping[str, str]
 ) -> str:
     error = exc.errors()[0]
+    if not error["loc"] and isinstance(error.get("ctx", {}).get("error"), FairwayConfigError):
+        return str(error["ctx"]["error"])  # raised by __post_init__, already worded
     key = str(error["loc"][0]) if error["loc"] else "?"
     return (
         f"Fairway option {key}={values.get(key)!r} (from {_where(sources, key)}) must be "

@@ -32,6 +32,7 @@ from fairway.policies.lanes import (
 from fairway.policies.queue import (
     UNPLACED_LANE,
     Ordering,
+    PrefillingRequest,
     QueueColumns,
     QueuedRequest,
     Step,
@@ -223,6 +224,17 @@ class FairwayPolicy(FastLanePolicy):
     #: The Fair front the last plan held back instead of capping it (None: it was not held).
     _front_held: str | None = field(init=False, repr=False, default=None)
     _release: bool = field(init=False, repr=False, default=False)
+    #: Counters by share class ((priority level, tenant) -> code, `_share_classes`): uncached
+    #: tokens scheduled over the tenant's weight, charged after contested classed steps.
+    _served: np.ndarray = field(init=False, repr=False, default_factory=lambda: np.zeros(0))
+    _class_weight: np.ndarray = field(init=False, repr=False, default_factory=lambda: np.zeros(0))
+    _class_code: dict[tuple[int, int], int] = field(init=False, repr=False, default_factory=dict)
+    #: Share classes present at the last classed step (None: the last step had one class).
+    _present: frozenset[int] | None = field(init=False, repr=False, default=None)
+    #: Request id -> share class of the last classed step's requests, to charge after it.
+    _class_of_id: dict[str, int] = field(init=False, repr=False, default_factory=dict)
+    #: The last classed step's requests asked for more prefill tokens than it had.
+    _tenants_contend: bool = field(init=False, repr=False, default=False)
 
     # --- the rule ---------------------------------------------------------------------------------
 
@@ -265,7 +277,11 @@ class FairwayPolicy(FastLanePolicy):
     def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
         """`plan()` over the scheduler's columns: only the rows either lane can place this step
         (the scan's head plus one per running prefill, more for the Fast lane when it passes over
-        requests that do not fit the step) are found and read in Python."""
+        requests that do not fit the step) are found and read in Python. A queue of several
+        tenants or priority levels takes `_classed_ordering`."""
+        if queue.mixed or _classes_differ(queue, step.prefilling):
+            return self._classed_ordering(queue, step)
+        self._present = None  # one class: the tenant counters restart when classes mix again
         n, m = len(queue), len(step.prefilling)
         if n + m == 0:
             decided = self._decide([], [], {}, {}, 0.0, 0, step, queue.ids_of, fast_whole=True)
@@ -306,6 +322,118 @@ class FairwayPolicy(FastLanePolicy):
                 return decided
             reach = min(n, 2 * reach)  # the Fast lane passed over its whole known prefix
 
+    # --- several tenants or priority levels: the same lanes, classed -----------------------------
+
+    def _classed_ordering(self, queue: QueueColumns, step: Step) -> Ordering:
+        """The lanes with vLLM's priority levels outermost and the tenants' shares inside.
+
+        Each lane is sorted as in `plan()` with the priority level as its first key (lower
+        first: the merge places a level only once every request of the levels above it is
+        placed, so vLLM's strict order between levels holds, running prefills included), then
+        the tenants are interleaved within each level by `tenant_tags`: a request's tag is its
+        tenant's counter plus the lane's work of that tenant's requests before it, divided by
+        the tenant's weight. With one tenant the tags ascend along the lane and nothing moves.
+        The merge, the charges and the grants are `_decide`'s, unchanged."""
+        n, m = len(queue), len(step.prefilling)
+        running = [p.view() for p in step.prefilling]
+        tenant = np.concatenate(
+            [queue.tenants, np.fromiter((p.tenant for p in running), np.intp, m)]
+        )
+        level = np.concatenate(
+            [queue.priorities, np.fromiter((p.priority for p in running), np.int64, m)]
+        )
+        share = self._share_classes(level, tenant, step)
+        run_cols = QueueColumns.of(running)
+        arrival = np.concatenate([queue.arrival, run_cols.arrival])
+        scores = np.concatenate([
+            self.scores(queue, step.now) if n else np.zeros(0),
+            self.scores(run_cols, step.now) if m else np.zeros(0),
+        ])
+        work = np.concatenate([queue.remaining, run_cols.remaining])
+        waiting = np.arange(n + m) < n
+        tie = np.concatenate([np.arange(m, n + m), np.arange(m)])  # running first, then position
+        served, weights = self._served, self._class_weight
+
+        def lane(sorted_entries: np.ndarray) -> np.ndarray:
+            tags = tenant_tags(sorted_entries, share, work, served, weights)
+            ordered: np.ndarray = sorted_entries[
+                np.lexsort((np.arange(len(tags)), tags, level[sorted_entries]))
+            ]
+            return ordered
+
+        fast_lane = lane(np.lexsort((tie, arrival, -scores, level)))
+        fair_lane = lane(np.lexsort((tie, arrival, waiting, level)))
+        keys = np.where(np.arange(n + m) < n, np.arange(n + m), n - np.arange(n + m) - 1)
+        work_of = dict(zip(keys.tolist(), work.astype(np.int64).tolist(), strict=True))
+        prompt = np.concatenate([queue.prompt_tokens, run_cols.prompt_tokens])
+        done = dict(zip(keys.tolist(), (prompt - work).astype(np.int64).tolist(), strict=True))
+        self._class_of_id = dict(zip(
+            [*queue.ids_of(range(n)), *(p.request_id for p in running)], share.tolist(),
+            strict=True,
+        ))
+        head = n if step.budget is None or step.head is None else min(n, step.head)
+        reach = max(head, 1) + m
+        queue_work = float(queue.remaining.sum())
+        budget = step.budget
+        # the tenants contend when the step cannot serve all they ask for
+        self._tenants_contend = budget is not None and float(work.sum()) > max(
+            0, budget.tokens - sum(budget.ahead)
+        )
+        top = level == level.min()
+        shared = len(np.unique(tenant[top])) > 1  # tenants compete in the level served first
+        fair = _lane_prefix(fair_lane, waiting, reach)  # as the plain path: never widened
+        while True:
+            fast = _lane_prefix(fast_lane, waiting, reach)
+            decided = self._decide(
+                keys[fast].tolist(), keys[fair].tolist(), work_of, done, queue_work, n, step,
+                queue.ids_of, fast_whole=int(waiting[fast].sum()) >= n, shared=shared,
+            )
+            if decided is not None:
+                return decided
+            reach *= 2
+
+    def _share_classes(self, level: np.ndarray, tenant: np.ndarray, step: Step) -> np.ndarray:
+        """The share class (a code for one (priority level, tenant) pair) of every entry, and
+        VTC's lift of the classes present, level by level.
+
+        Levels are strict, so tenants share within a level: a tenant's counter at one level is
+        not charged for what it got at another. A class that was not present at the last classed
+        step starts no lower than the lowest counter of its level's classes that were (it banks
+        no credit while away); a level none of whose classes stays restarts at 0."""
+        pairs, inverse = np.unique(np.stack([level, tenant.astype(np.int64)]), axis=1,
+                                   return_inverse=True)
+        if len(self._class_code) > MAX_SHARE_CLASSES:  # levels are client-chosen integers
+            self._class_code, self._present = {}, None
+            self._served, self._class_weight = np.zeros(0), np.zeros(0)
+        codes = []
+        for lvl, ten in pairs.T.tolist():
+            code = self._class_code.setdefault((lvl, ten), len(self._class_code))
+            codes.append(code)
+        size = len(self._class_code)
+        if len(self._served) < size:
+            grow = size - len(self._served)
+            self._served = np.concatenate([self._served, np.zeros(grow)])
+            self._class_weight = np.concatenate([self._class_weight, np.ones(grow)])
+        levels: dict[int, list[int]] = {}
+        for (lvl, ten), code in zip(pairs.T.tolist(), codes, strict=True):
+            self._class_weight[code] = step.weight_of(ten)
+            levels.setdefault(lvl, []).append(code)
+        before = self._present
+        served = self._served
+        for present in levels.values():
+            staying = [c for c in present if before is not None and c in before]
+            if not staying:
+                served[present] = 0.0
+                continue
+            floor = min(served[c] for c in staying)
+            for code in present:
+                if code not in staying:
+                    served[code] = max(served[code], floor)
+            served[present] -= served[present].min()
+        self._present = frozenset(codes)
+        share: np.ndarray = np.asarray(codes, dtype=np.intp)[inverse.reshape(-1)]
+        return share
+
     # --- the step's decision, from the lanes ------------------------------------------------------
 
     def _decide(
@@ -319,11 +447,14 @@ class FairwayPolicy(FastLanePolicy):
         step: Step,
         ids_of: Callable[[list[int]], list[str]],
         fast_whole: bool,
+        shared: bool = False,
     ) -> Ordering | None:
         """Contest, ledgers, merge and plan from the two lanes (known prefixes of them whose
         merge places every running prefill and the scan's head). None when the Fast lane passed
         over its whole known prefix and more of it exists (`fast_whole` False): the caller widens
-        the prefix and asks again (nothing was changed)."""
+        the prefix and asks again (nothing was changed). `shared`: the lanes interleave tenants,
+        so the step is contested even when both lanes start with the same request (the grants
+        then hold a running prefill of a tenant ahead of its share)."""
         self._pending = None
         front_held = self._front_held  # consumed only by a decision (not by a None answer)
         prefilling, budget = step.prefilling, step.budget
@@ -337,7 +468,7 @@ class FairwayPolicy(FastLanePolicy):
             budget is not None
             and tokens > 0
             and n + m >= 2
-            and fast[0] != fair[0]
+            and (fast[0] != fair[0] or shared)
             and queue_work + sum(p.remaining for p in prefilling) > tokens
         )
         slots = None if budget is None else max(0, budget.free_slots - len(budget.ahead))
@@ -416,6 +547,7 @@ class FairwayPolicy(FastLanePolicy):
         """Charge each lane the prefill tokens vLLM scheduled for its placements."""
         placed, self._pending = self._pending, None
         self._release, self._held = self._held and prefill_tokens == 0, False
+        self._charge_tenants(prefill_by_request)
         if placed is None or prefill_by_request is None or not self.ledger.active:
             return
         fast = fair = 0
@@ -426,6 +558,41 @@ class FairwayPolicy(FastLanePolicy):
             elif lane == FAIR:
                 fair += tokens
         self.ledger.charge(fast, fair, self.fast_weight)
+
+    def _charge_tenants(self, prefill_by_request: Mapping[str, int] | None) -> None:
+        """The share classes' counters after a classed step: in one whose requests asked for
+        more than its budget each class is charged the prefill tokens vLLM scheduled for it over
+        its tenant's weight; any other served every request all it asked for, so each level's
+        present classes are even again (their highest count)."""
+        class_of, self._class_of_id = self._class_of_id, {}
+        contested, self._tenants_contend = self._tenants_contend, False
+        present = self._present
+        if not class_of or present is None:
+            return
+        served = self._served
+        if not contested or prefill_by_request is None:
+            by_level: dict[int, list[int]] = {}
+            for (lvl, _), code in self._class_code.items():
+                if code in present:
+                    by_level.setdefault(lvl, []).append(code)
+            for codes in by_level.values():
+                served[codes] = served[codes].max()
+            return
+        for request_id, tokens in prefill_by_request.items():
+            charged = class_of.get(request_id)
+            if charged is not None:
+                served[charged] += tokens / self._class_weight[charged]
+
+    def tenant_counters(self) -> dict[int, float]:
+        """Tenant code -> counter (uncached tokens over weight, relative to the lowest) of the
+        tenants present at the top priority level of the last classed step, for tests, the
+        decision trace and `fairway inspect`; empty after a one-class step."""
+        if self._present is None:
+            return {}
+        present = [(key, code) for key, code in self._class_code.items() if code in self._present]
+        top = min(lvl for (lvl, _), _ in present)
+        return {ten: float(self._served[code]) for (lvl, ten), code in sorted(present)
+                if lvl == top}
 
     def ledgers(self) -> dict[str, float]:
         return dataclasses.asdict(self.ledger)
@@ -450,3 +617,47 @@ def _with_running(
         out.append(-(j + 1))
     out.extend(rows[i:])
     return out
+
+
+#: Share classes remembered at most (levels are integers a client picks); past it all restart.
+MAX_SHARE_CLASSES = 4096
+
+
+def _classes_differ(queue: QueueColumns, prefilling: Sequence[PrefillingRequest]) -> bool:
+    """Whether the running prefills bring a tenant or level the (one-class) queue lacks."""
+    if not prefilling:
+        return False
+    tenant = int(queue.tenants[0]) if len(queue) else prefilling[0].tenant
+    level = int(queue.priorities[0]) if len(queue) else prefilling[0].priority
+    return any(p.tenant != tenant or p.priority != level for p in prefilling)
+
+
+def tenant_tags(
+    entries: np.ndarray,
+    tenant: np.ndarray,
+    work: np.ndarray,
+    served: np.ndarray,
+    weights: np.ndarray,
+) -> np.ndarray:
+    """The tenant tag of each entry of a lane (`entries`, in the lane's order): its tenant's
+    counter plus the work of that tenant's entries before it in the lane, over its weight. The
+    merge by tag (smallest first) is the work charges one level up: the tenant that has been
+    served least, for its weight, places next."""
+    t = tenant[entries]
+    w = work[entries]
+    by_tenant = np.argsort(t, kind="stable")
+    cum = np.cumsum(w[by_tenant])
+    starts = np.searchsorted(t[by_tenant], t[by_tenant], side="left")
+    before_sorted = cum - w[by_tenant] - (cum[starts] - w[by_tenant][starts])
+    before = np.empty_like(before_sorted)
+    before[by_tenant] = before_sorted
+    tags: np.ndarray = served[t] + before / weights[t]
+    return tags
+
+
+def _lane_prefix(lane: np.ndarray, waiting: np.ndarray, reach: int) -> np.ndarray:
+    """The lane's entries up to its `reach`-th waiting request, and every running prefill."""
+    is_waiting = waiting[lane]
+    rank = np.cumsum(is_waiting)
+    prefix: np.ndarray = lane[~is_waiting | (rank <= reach)]
+    return prefix

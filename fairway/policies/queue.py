@@ -31,12 +31,16 @@ class QueuedRequest:
         arrival: arrival time in seconds, on the same clock as `now` in `Policy.order`.
         prompt_tokens: full length L in tokens (for a preempted request: prompt + output so far).
         cached_tokens: h, tokens of the longest cached prefix found now (block-granular, <= L).
+        tenant: the tenant's code (`fairway.tenants.TenantTable`; 0: the default tenant).
+        priority: vLLM's priority level (lower first; 0 unless `--scheduling-policy priority`).
     """
 
     request_id: str
     arrival: float
     prompt_tokens: int
     cached_tokens: int
+    tenant: int = 0
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -75,12 +79,16 @@ class PrefillingRequest:
         prompt_tokens: its full length L (prompt, plus output so far when resumed; at least
             `remaining`); the tokens already computed, L - remaining, play the cached prefix's
             part in the Fast score.
+        tenant: the tenant's code (0: the default tenant).
+        priority: vLLM's priority level (lower first).
     """
 
     request_id: str
     arrival: float
     remaining: int
     prompt_tokens: int = 0
+    tenant: int = 0
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < self.remaining:
@@ -90,7 +98,7 @@ class PrefillingRequest:
         """The request as the queue's view: its computed tokens as the cached prefix."""
         return QueuedRequest(
             self.request_id, self.arrival, self.prompt_tokens,
-            self.prompt_tokens - self.remaining,
+            self.prompt_tokens - self.remaining, self.tenant, self.priority,
         )
 
 
@@ -128,12 +136,20 @@ class Step:
         budget: the step's prefill budget, for a policy with `plans_steps` (None: no engine
             step follows, an order only).
         prefilling: the running requests whose prefill is not finished (`plans_steps` only).
+        tenant_weights: the weight of each tenant code (`QueueColumns.tenant`), for policies
+            that share the step between tenants; a code past its end weighs 1.
     """
 
     now: float
     head: int | None = None
     budget: StepBudget | None = None
     prefilling: Sequence[PrefillingRequest] = ()
+    tenant_weights: tuple[float, ...] = ()
+
+    def weight_of(self, tenant: int) -> float:
+        """The weight of tenant code `tenant` (1 when none is configured for it)."""
+        weights = self.tenant_weights
+        return weights[tenant] if 0 <= tenant < len(weights) else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +209,9 @@ class QueueColumns:
             keyed by request id.
         new: bool, True for a request this policy has not been given before (its slot's state is
             stale and must be initialised).
+        tenant: intp, the tenant's code (`fairway.tenants.TenantTable`; 0: the default tenant);
+            None: every row is the default tenant's.
+        priority: int64, vLLM's priority level (lower first); None: every row is level 0.
     """
 
     arrival: np.ndarray
@@ -204,11 +223,35 @@ class QueueColumns:
     # speed: scheduler_overhead.py admit 10000 fairway: 2.21 ms -> 0.73 ms per step (ids on demand)
     ids_source: Callable[[Any], list[str]] = field(repr=False, default=lambda rows: [])
     _ids: list[str] | None = field(default=None, repr=False)
+    tenant: np.ndarray | None = None
+    priority: np.ndarray | None = None
     #: Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64.
     remaining: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.remaining = np.maximum(self.prompt_tokens - self.cached_tokens, 1.0)
+
+    @property
+    def tenants(self) -> np.ndarray:
+        """The tenant code of every row (zeros when the queue has no tenant column)."""
+        if self.tenant is None:
+            return np.zeros(len(self.arrival), dtype=np.intp)
+        return self.tenant
+
+    @property
+    def priorities(self) -> np.ndarray:
+        """The priority level of every row (zeros when the queue has no priority column)."""
+        if self.priority is None:
+            return np.zeros(len(self.arrival), dtype=np.int64)
+        return self.priority
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the rows span more than one tenant or more than one priority level."""
+        return any(
+            col is not None and len(col) > 1 and col.min() != col.max()
+            for col in (self.tenant, self.priority)
+        )
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -240,6 +283,8 @@ class QueueColumns:
                 self.arrival.tolist(),
                 self.prompt_tokens.tolist(),
                 self.cached_tokens.tolist(),
+                self.tenants.tolist(),
+                self.priorities.tolist(),
             )
         )
 
@@ -250,6 +295,8 @@ class QueueColumns:
         """Columns of a list of views (tests, the replay); `slots` default to the positions."""
         n = len(queue)
         ids = [r.request_id for r in queue]
+        tenant = np.fromiter((r.tenant for r in queue), np.intp, n)
+        priority = np.fromiter((r.priority for r in queue), np.int64, n)
         return cls(
             arrival=np.fromiter((r.arrival for r in queue), np.float64, n),
             prompt_tokens=np.fromiter((r.prompt_tokens for r in queue), np.int64, n),
@@ -257,6 +304,8 @@ class QueueColumns:
             slots=np.arange(n, dtype=np.intp) if slots is None else np.asarray(slots, np.intp),
             new=np.ones(n, dtype=bool),
             ids_source=lambda rows: np.asarray(ids, dtype=object)[rows].tolist(),
+            tenant=tenant if tenant.any() else None,
+            priority=priority if priority.any() else None,
         )
 
 

@@ -14,10 +14,12 @@ vLLM objects (`calibrate`, `observe`) stay importable without it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from fairway.errors import FairwayError
 from fairway.policies.queue import PrefillingRequest
+from fairway.tenants import TENANT_KEY
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -71,6 +73,42 @@ def requests_by_id(scheduler: Scheduler) -> Mapping[str, Request]:
 def vllm_config(scheduler: Any) -> VllmConfig:
     """The engine's configuration."""
     return scheduler.vllm_config  # vLLM internal: Scheduler.vllm_config
+
+
+def request_tenant(request: Request) -> object:
+    """The tenant a request names in `vllm_xargs` (`SamplingParams.extra_args["tenant"]`), or
+    None (no sampling parameters, no extra arguments, no tenant)."""
+    # vLLM internal: Request.sampling_params / SamplingParams.extra_args (the public field
+    # `vllm_xargs` of the OpenAI requests fills it)
+    params = request.sampling_params
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    return extra.get(TENANT_KEY) if isinstance(extra, dict) else None
+
+
+def request_priority(request: Request) -> int:
+    """vLLM's priority of a request (lower first)."""
+    return int(request.priority)  # vLLM internal: Request.priority
+
+
+def priority_scheduling(scheduler: Scheduler) -> bool:
+    """Whether the engine runs `--scheduling-policy priority`."""
+    return str(scheduler.scheduler_config.policy) == "priority"
+
+
+def use_fcfs_waiting_queue(scheduler: Scheduler) -> bool:
+    """Under `--scheduling-policy priority`, swap vLLM's (still empty) waiting heap for its FCFS
+    deque, which Fairway orders in place with the priority levels first (vLLM's own rule
+    between levels); vLLM's preemption by priority reads `scheduler.policy`, left as it is.
+    Returns whether it swapped."""
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue, PriorityRequestQueue
+
+    waiting = scheduler.waiting  # vLLM internal: Scheduler.waiting
+    if not isinstance(waiting, PriorityRequestQueue):
+        return False
+    if len(waiting):
+        raise FairwayError("the waiting queue is not empty at start-up; cannot order it")
+    scheduler.waiting = FCFSRequestQueue()  # vLLM internal: Scheduler.waiting
+    return True
 
 
 def request_fields(request: Request) -> tuple[str, float, int]:
@@ -290,9 +328,12 @@ def is_prefill_chunk(request: Request) -> bool:
     return request.is_prefill_chunk  # vLLM internal: Request.is_prefill_chunk
 
 
-def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int]:
+def running_prefills(
+    scheduler: Scheduler, classify: Callable[[Request], tuple[int, int]] | None = None
+) -> tuple[list[PrefillingRequest], int]:
     """Views of the running requests still in prefill, and the tokens the other running ones
-    (decodes) may take this step (one per request, more with placeholders or spec tokens)."""
+    (decodes) may take this step (one per request, more with placeholders or spec tokens).
+    `classify`: request -> (tenant code, priority level) of each view (None: 0 and 0)."""
     views: list[PrefillingRequest] = []
     decode_tokens = 0
     view = PrefillingRequest
@@ -301,8 +342,10 @@ def running_prefills(scheduler: Scheduler) -> tuple[list[PrefillingRequest], int
         # `_in_prefill`, inlined: this runs for every running request every step)
         num_tokens, computed = request.num_tokens, request.num_computed_tokens
         if request.is_prefill_chunk and num_tokens > computed:
+            classes = classify(request) if classify is not None else (0, 0)
             views.append(
-                view(request.request_id, request.arrival_time, num_tokens - computed, num_tokens)
+                view(request.request_id, request.arrival_time, num_tokens - computed, num_tokens,
+                     *classes)
             )
         else:
             # vLLM internal: Request.num_tokens_with_spec / num_output_placeholders

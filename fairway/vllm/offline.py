@@ -260,6 +260,7 @@ def make_request(
     *,
     block_size: int = 16,
     priority: int = 0,
+    tenant: str | None = None,
     cache_salt: str | None = None,
     **sampling_kwargs: Any,
 ) -> Request:
@@ -272,10 +273,18 @@ def make_request(
         max_tokens: tokens to generate (1: a prefill-node request).
         block_size: must equal the scheduler's block size (hash granularity).
         priority / cache_salt: as in vLLM.
+        tenant: the request's tenant, as a server gets it from ``vllm_xargs``: set as
+            ``SamplingParams.extra_args["tenant"]`` (`fairway.tenants.TENANT_KEY`, merged into
+            any `extra_args` given); None: no tenant (the default one).
         **sampling_kwargs: extra `SamplingParams` fields. `ignore_eos` defaults to True so that
             fake outputs never stop a request early.
     """
     sampling_kwargs.setdefault("ignore_eos", True)
+    if tenant is not None:
+        from fairway.tenants import TENANT_KEY
+
+        sampling_kwargs["extra_args"] = {**(sampling_kwargs.get("extra_args") or {}),
+                                         TENANT_KEY: tenant}
     params = SamplingParams(max_tokens=max_tokens, **sampling_kwargs)
     return Request(
         request_id=request_id,

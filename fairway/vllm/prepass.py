@@ -115,6 +115,8 @@ class StepPrepass:
         self.steps_skipped = 0
         self.step_plan: StepPlan | None = None
         self.last_plan: StepPlan | None = None
+        #: Weight by tenant code (`Step.tenant_weights`).
+        self.tenant_weights = options.tenant_table.code_weights
 
     # --- before the step --------------------------------------------------------------------------
 
@@ -206,17 +208,27 @@ class StepPrepass:
         that plans steps, the step's budget and running prefills. A policy that does not plan
         steps is not asked when nothing is orderable."""
         now = self.clock()
+        weights = self.tenant_weights
         if not self.plans:
             if not len(waiting):
                 return Ordering([])
             head = internals.scan_bound(self.scheduler) if self.head_only else None
-            return self.policy.ordering(waiting, Step(now, head))
-        prefilling, decode_tokens = internals.running_prefills(self.scheduler)
+            return by_level(
+                self.policy.ordering(waiting, Step(now, head, tenant_weights=weights)), waiting
+            )
+        prefilling, decode_tokens = internals.running_prefills(
+            self.scheduler, self.probe.slots.classify
+        )
         firsts = [(r.request_id, r.num_tokens - self.probe.cached_tokens(r)) for r in ahead]
         free = internals.free_slots(self.scheduler)
         head = internals.scan_bound(self.scheduler, free) if self.head_only else None
         budget = step_plan.step_budget(self.scheduler, decode_tokens, firsts, free)
-        ordering = self.policy.ordering(waiting, Step(now, head, budget, prefilling))
+        ordering = by_level(
+            self.policy.ordering(
+                waiting, Step(now, head, budget, prefilling, tenant_weights=weights)
+            ),
+            waiting,
+        )
         self.step_plan = self.last_plan = ordering.plan
         return ordering
 
@@ -364,3 +376,21 @@ class StepPrepass:
         self.rejected = {rid for rid in self.rejected if rid in requests}
 
 
+
+
+def by_level(ordering: Ordering, waiting: QueueColumns) -> Ordering:
+    """The policy's order with vLLM's priority levels first (lower first), each level in the
+    policy's order: what vLLM's priority heap guarantees between levels, kept for every policy.
+    A policy that orders levels itself (`fairway`) is unchanged by it; without a priority column
+    nothing is done."""
+    priority = waiting.priority
+    if priority is None or not len(priority):
+        return ordering
+    order = np.asarray(ordering.order, dtype=np.intp)
+    regroup = np.argsort(priority[order], kind="stable")
+    if np.array_equal(regroup, np.arange(len(order))):
+        return ordering
+    lanes = ordering.lanes
+    if lanes is not None and len(lanes) == len(order):
+        lanes = [lanes[i] for i in regroup.tolist()]
+    return Ordering(order[regroup], lanes, ordering.plan)

@@ -8,7 +8,7 @@ Both are side-effect free towards vLLM: they read its objects, through `fairway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,12 +40,14 @@ class PrefixProbe:
         max_tokens: int | None = None,
         keep_preempted_first: bool = True,
         probe_budget: int = PROBE_BUDGET,
+        classify: Callable[[Request], tuple[int, int]] | None = None,
     ) -> None:
         self.memo = PrefixMemo(manager, caching=caching, probe_budget=probe_budget)
         #: Requests longer than this cannot fit in an empty cache (kept last, never probed).
         self.max_tokens = max_tokens if max_tokens is not None else 2**62
         self.slots = QueueSlots(
-            max_tokens=self.max_tokens, keep_preempted_first=keep_preempted_first
+            max_tokens=self.max_tokens, keep_preempted_first=keep_preempted_first,
+            classify=classify,
         )
         self.caching = caching
         self.block_size = self.memo.block_size

@@ -14,6 +14,7 @@ by list slices when few requests moved (`move_to_front`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -83,9 +84,20 @@ class QueueSlots:
     """The slot table of the waiting queue: slot of each registered request, columns by slot,
     and the last arranged queue (to find the slots of the next step's queue cheaply)."""
 
-    def __init__(self, *, max_tokens: int, keep_preempted_first: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        max_tokens: int,
+        keep_preempted_first: bool = True,
+        classify: Callable[[Request], tuple[int, int]] | None = None,
+    ) -> None:
         #: Requests longer than this cannot fit in an empty cache (kept last, never probed).
         self.max_tokens = max_tokens
+        #: `request -> (tenant code, priority level)`; None: every request is (0, 0), and the
+        #: snapshot's columns carry no tenant or priority column (today's single queue).
+        self.classify = classify
+        #: Live slots whose tenant or priority is not 0 (the columns are gathered only if any).
+        self.num_classified = 0
         #: PREEMPTED requests stay at the head in their order (vLLM's rule) instead of ordered.
         self.keep_preempted_first = keep_preempted_first
         self.slot_of: dict[Request, int] = {}
@@ -103,6 +115,8 @@ class QueueSlots:
         self._kind = np.zeros(0, dtype=np.int8)
         self._arrival = np.zeros(0, dtype=np.float64)
         self._prompt = np.zeros(0, dtype=np.int64)
+        self._tenant = np.zeros(0, dtype=np.intp)
+        self._priority = np.zeros(0, dtype=np.int64)
         self._request_of = np.zeros(0, dtype=object)
 
     @property
@@ -124,6 +138,9 @@ class QueueSlots:
         self._given[slot] = False
         self._arrival[slot] = arrival
         self._prompt[slot] = num_tokens
+        tenant, priority = self.classify(request) if self.classify is not None else (0, 0)
+        self._tenant[slot], self._priority[slot] = tenant, priority
+        self.num_classified += bool(tenant or priority)
         if num_tokens > self.max_tokens:
             self._kind[slot] = _OVERSIZED
             self.num_special += 1
@@ -137,7 +154,10 @@ class QueueSlots:
     def _grow(self) -> None:
         old = len(self._live)
         new = max(64, 2 * old)
-        for name in ("_live", "_given", "_kind", "_arrival", "_prompt", "_request_of"):
+        for name in (
+            "_live", "_given", "_kind", "_arrival", "_prompt", "_tenant", "_priority",
+            "_request_of",
+        ):
             column = getattr(self, name)
             grown = np.zeros(new, dtype=column.dtype)
             grown[:old] = column
@@ -149,6 +169,9 @@ class QueueSlots:
         del self.slot_of[self._request_of[slot]]
         if self._kind[slot] != _ORDERED:
             self.num_special -= 1
+        if self._tenant[slot] or self._priority[slot]:
+            self.num_classified -= 1
+            self._tenant[slot] = self._priority[slot] = 0
         self._request_of[slot] = None
         self._live[slot] = False
         self._free.append(slot)
@@ -207,6 +230,8 @@ class QueueSlots:
             new=~self._given[slots],
             # read later, maybe after admission: from this step's list, not the slot table
             ids_source=partial(_ids_of_rows, current, positions),
+            tenant=self._tenant[slots] if self.num_classified else None,
+            priority=self._priority[slots] if self.num_classified else None,
         )
         snap.columns = cols
         if len(slots):

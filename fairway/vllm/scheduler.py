@@ -33,6 +33,7 @@ from fairway.policies.queue import (
     Ordering,
     StepPlan,
 )
+from fairway.tenants import TenantTable
 from fairway.vllm import internals, observe, plugin
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 from fairway.vllm.prepass import StepPrepass
@@ -80,8 +81,10 @@ class FairwaySchedulerMixin(_SchedulerBase):
         options = fairway_options or FairwayOptions.from_vllm_config(self.vllm_config)
         policy = options.build_policy()
         check_engine_config(self.vllm_config, options, policy)
+        by_priority = internals.use_fcfs_waiting_queue(self)
         _check_internals(self)
         manager = internals.kv_cache_manager(self)
+        classify = _classifier(options.tenant_table, by_priority)
         metrics = (
             FairwayMetrics(
                 model_name=str(self.vllm_config.model_config.served_model_name),
@@ -99,7 +102,9 @@ class FairwaySchedulerMixin(_SchedulerBase):
                 manager,
                 caching=bool(self.cache_config.enable_prefix_caching),
                 max_tokens=internals.usable_blocks(self) * internals.block_size_of(manager),
-                keep_preempted_first=not options.reorder_preempted,
+                # vLLM's priority queue has no preempted-first rule: levels, then arrival
+                keep_preempted_first=not (options.reorder_preempted or by_priority),
+                classify=classify,
             ),
             metrics,
             plans=_plan_enabled(self, policy),
@@ -284,10 +289,10 @@ def check_engine_config(
 ) -> None:
     """Refuse engine settings Fairway cannot work with; the fix comes first in the message."""
     queue_policy = vllm_config.scheduler_config.policy
-    if queue_policy != "fcfs":
+    if queue_policy not in ("fcfs", "priority"):
         raise FairwayConfigError(
-            f"start vLLM with --scheduling-policy fcfs: Fairway re-orders vLLM's FCFS waiting "
-            f"queue and cannot impose an order on the {queue_policy!r} queue (a heap)"
+            f"start vLLM with --scheduling-policy fcfs or priority: Fairway re-orders vLLM's "
+            f"waiting queue and knows no {queue_policy!r} queue"
         )
     if type(policy).needs_cache_hits and not vllm_config.cache_config.enable_prefix_caching:
         agnostic = [n for n in policies.names() if not type(policies.get(n)).needs_cache_hits]
@@ -296,6 +301,24 @@ def check_engine_config(
             f"by cached prefix length, and prefix caching is off (policies that work without "
             f"it: {', '.join(agnostic)})"
         )
+
+
+def _classifier(
+    tenants: TenantTable, by_priority: bool
+) -> Callable[[Request], tuple[int, int]] | None:
+    """`request -> (tenant code, priority level)` for the queue's columns; None when neither is
+    configured (every request (0, 0): the one-class queue, at no cost). Without
+    `--scheduling-policy priority` vLLM ignores priorities, and so does Fairway."""
+    if not tenants.enabled and not by_priority:
+        return None
+    code_of = tenants.code_of
+    if not by_priority:
+        return lambda request: (code_of(internals.request_tenant(request)), 0)
+    if not tenants.enabled:
+        return lambda request: (0, internals.request_priority(request))
+    return lambda request: (
+        code_of(internals.request_tenant(request)), internals.request_priority(request)
+    )
 
 
 def _plan_enabled(scheduler: Scheduler, policy: policies.Policy) -> bool:
