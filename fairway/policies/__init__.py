@@ -5,6 +5,7 @@ contract is `Policy` (`base`); the queue and ordering types are in `queue`.
 """
 
 from fairway.policies import (  # noqa: F401
+    dlpm,
     fairway,
     fairway_step,
     fcfs,
@@ -13,6 +14,7 @@ from fairway.policies import (  # noqa: F401
     peek,
     preble,
     ragcache,
+    vtc,
 )
 from fairway.policies.base import (
     Policy,
