@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 
+from fairway.tenants import TENANT_KEY
+
 #: Error bodies and stream excerpts are cut to this many characters in messages.
 MAX_ERROR_CHARS = 200
 #: Headers of a POST with a JSON body.
@@ -79,11 +81,15 @@ def completion_body(
     *,
     stream: bool = True,
     include_usage: bool = False,
+    priority: int = 0,
+    tenant: str | None = None,
 ) -> bytes:
     """The JSON body of a greedy token-id `/v1/completions` request.
 
     `include_usage`: the last streamed chunk then carries usage, where vLLM reports the
-    prefix-cache hit (`cached_tokens`).
+    prefix-cache hit (`cached_tokens`). `priority`: vLLM's per-request ``priority`` field, sent
+    when not 0 (a vLLM server refuses it unless it runs ``--scheduling-policy priority``).
+    `tenant`: sent as ``{"vllm_xargs": {"tenant": tenant}}`` when given (`fairway.tenants`).
     """
     body: dict[str, Any] = {
         "model": model,
@@ -94,6 +100,10 @@ def completion_body(
     }
     if include_usage:
         body["stream_options"] = {"include_usage": True}
+    if priority != 0:
+        body["priority"] = priority
+    if tenant is not None:
+        body["vllm_xargs"] = {TENANT_KEY: tenant}
     return json.dumps(body, separators=(",", ":")).encode()
 
 

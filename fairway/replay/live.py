@@ -80,6 +80,8 @@ class _Attempt:
             cached_tokens=self.cached_tokens,
             error=self.error if self.done else (self.error or INTERRUPTED),
             tags=dict(req.tags or {}),
+            tenant=req.tenant,
+            priority=req.priority,
         )
 
 
@@ -93,9 +95,15 @@ async def fetch_model(session: aiohttp.ClientSession, url: str) -> str:
 
 
 def _payload(request: TraceRequest, model: str, vocab_size: int) -> bytes:
-    """The request body; built before the send time so encoding does not delay the send."""
+    """The request body; built before the send time so encoding does not delay the send.
+
+    The trace request's vLLM `priority` (when not 0) and tenant (`vllm_xargs`, when set) go
+    with it; a vLLM server refuses a priority other than 0 unless it runs
+    ``--scheduling-policy priority``.
+    """
     return client.completion_body(
-        model, request.token_ids(vocab_size), request.max_tokens, include_usage=True
+        model, request.token_ids(vocab_size), request.max_tokens, include_usage=True,
+        priority=request.priority, tenant=request.tenant,
     )
 
 

@@ -55,6 +55,8 @@ class RequestResult:
         cached_tokens: prefix-cache hit in tokens when it was scheduled, if known.
         error: why it failed ("HTTP 500: ...", "timeout after 30 s", "interrupted"), or None.
         tags: the trace's free-form tags, copied so reports can group by them.
+        tenant: the trace request's tenant (None: the default tenant).
+        priority: the trace request's vLLM priority (0: vLLM's default).
     """
 
     request_id: str
@@ -66,6 +68,8 @@ class RequestResult:
     cached_tokens: int | None
     error: str | None = None
     tags: dict[str, Any] = field(default_factory=dict)
+    tenant: str | None = None
+    priority: int = 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -91,7 +95,10 @@ class RequestResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestResult:
-        """Inverse of `to_dict`; unknown or missing fields raise `ResultError`."""
+        """Inverse of `to_dict`; unknown or missing required fields raise `ResultError`.
+
+        Fields with a default may be absent (files written before `tenant` and `priority`).
+        """
         return _construct(cls, data, "request")
 
 

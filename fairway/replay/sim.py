@@ -270,6 +270,8 @@ class _Recorder:
                 cached_tokens=self.cached[i],
                 error=error,
                 tags=dict(r.tags),
+                tenant=r.tenant,
+                priority=r.priority,
             ))
         return out
 
@@ -322,6 +324,16 @@ def policy_options(
     return options
 
 
+def trace_tenants(trace: Trace, options: FairwayOptions) -> FairwayOptions:
+    """`options` with the trace's tenants (weight 1 each) as the `tenants` option, when the
+    trace names any: the replayed node knows the tenants of its traffic, as an operator would
+    list them."""
+    names = sorted({r.tenant for r in trace if r.tenant is not None})
+    if not names:
+        return options
+    return FairwayOptions.for_replay(options, serving={"tenants": names}, source="the trace's")
+
+
 def replay(
     trace: Trace,
     policy: str | FairwayOptions,
@@ -338,6 +350,7 @@ def replay(
     trace_name: str | None = None,
     progress: bool = False,
     hooks: ReplayHooks | None = None,
+    scheduling_policy: str | None = None,
 ) -> ReplayResult:
     """Replay `trace` under `policy` through vLLM's real Scheduler on a virtual clock.
 
@@ -367,6 +380,9 @@ def replay(
         trace_name: label in the result; None: `<preset or family>-seed<seed>`.
         progress: show a tqdm bar of answered requests.
         hooks: observers (tests).
+        scheduling_policy: vLLM's `--scheduling-policy` (fcfs or priority); None: priority
+            when the trace carries priorities, else fcfs. A trace with tenants gets them as the
+            `tenants` option (weight 1 each) unless the options list tenants.
 
     Returns:
         The `ReplayResult` (`simulated_s` = virtual seconds, `wall_s` = real seconds).
@@ -391,9 +407,14 @@ def replay(
     ref = DEFAULT_PROFILE if profile is None else profile
     ref = ref if isinstance(ref, PrefillProfile) else str(ref)
     options = policy_options(policy, ref, policy_params, fairway_options)
+    if "tenants" not in options.sources:
+        options = trace_tenants(trace, options)
     policy = options.policy
+    if scheduling_policy is None:
+        scheduling_policy = "priority" if any(r.priority for r in trace) else "fcfs"
     scheduler = offline.make_offline_scheduler(
         options,
+        scheduling_policy=scheduling_policy,
         block_size=block_size,
         num_blocks=sizing.num_blocks,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -487,7 +508,7 @@ class _Loop:
             r = reqs[i]
             self.scheduler.add_request(offline.make_request(
                 r.request_id, r.token_ids(self.vocab_size), r.arrival_s, r.max_tokens,
-                block_size=self.block_size,
+                block_size=self.block_size, priority=r.priority, tenant=r.tenant,
             ))
             i += 1
         self.next_arrival = i
@@ -572,6 +593,7 @@ def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
         "max_num_batched_tokens": engine_config.max_num_batched_tokens,
         "max_num_seqs": engine_config.max_num_seqs,
         "max_model_len": scheduler.max_model_len,
+        "scheduling_policy": str(engine_config.policy),
         "chunked_prefill": True,
         "prefix_caching": True,
         "vllm": vllm_version(),

@@ -24,6 +24,8 @@ from fairway.traces.mooncake import MooncakeParams, build_mooncake
 from fairway.traces.musique import MusiqueParams, build_musique
 from fairway.traces.sec import SecLongParams, SecParams, build_sec
 from fairway.traces.shapes import LoadShape, get_shape
+from fairway.traces.tenants import DEFAULT_SHAPE as TENANTS_SHAPE
+from fairway.traces.tenants import TenantsParams, build_tenants
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ FAMILIES: dict[str, Family] = {
         Family("hit-heavy", HitHeavyParams, HIT_HEAVY_SHAPE,
                "96% hits on hot contexts, 4% long misses (after SGLang #31954)",
                _shaped(build_hit_heavy)),
+        Family("tenants", TenantsParams, TENANTS_SHAPE,
+               "classes of traffic with their own tenant, priority, hit rate and lengths",
+               _shaped(build_tenants)),
     )
 }
 
@@ -152,6 +157,46 @@ PRESETS: dict[str, dict[str, Any]] = {
         "description": "96% of requests hit one of 4 hot contexts of 32k-64k tokens, 4% are "
         "33k-token misses (after SGLang #31954); replay with --cache-fraction 1.5 "
         f"--max-num-batched-tokens {LONG_CONTEXT_BATCHED_TOKENS}",
+    },
+    # Two tenants: "heavy" floods with cache hits (90%, on 4 hot 6k-token contexts) and drives a
+    # sustained overload (1.5 x capacity in uncached tokens); "light" sends misses (90%, 3k-6k
+    # tokens) at a steady 0.35 x capacity, well under a fair half, whatever the phase. In the
+    # calm phases heavy sends ~3x light's request rate, in the overload ~15x.
+    "tenants": {
+        "family": "tenants", "seed": 9, "shape": TENANTS_SHAPE, "params": {},
+        "description": "tenant heavy (90% hits on 6k-token contexts) floods to 1.5x capacity for "
+        "150 s, tenant light (90% 3k-6k-token misses) stays at 0.35x; replay with "
+        "--cache-fraction 1.5",
+    },
+    # Four tenants of different hit rates and lengths, 1.3 x capacity in the busy phase: chat
+    # (short, mostly hits, most requests), rag (8k contexts, mostly hits), batch (4k-12k misses,
+    # about half the work), agent (16k-24k contexts, 95% hits).
+    "tenants-mixed": {
+        "family": "tenants", "seed": 10, "shape": "calm:0.6:60,busy:1.3:150,calm:0.6:60",
+        "params": {"tenants": (
+            "chat:rate=6:hits=0.9:context=2048:suffix=128:miss=2048:contexts=4,"
+            "rag:rate=2:hits=0.8:context=8192:suffix=256:miss=8192:contexts=4,"
+            "batch:rate=1:hits=0:suffix=256:miss=4000-12000:contexts=1,"
+            "agent:rate=1:hits=0.95:context=16384-24576:suffix=512:miss=16896:contexts=2"
+        )},
+        "description": "tenants chat (short hits), rag (8k contexts, 80% hits), batch (4k-12k "
+        "misses), agent (16k-24k contexts, 95% hits); 1.3x capacity for 150 s; replay with "
+        "--cache-fraction 1.5",
+    },
+    # Two priorities on the default tenant (no tenant named): "interactive" (95% hits, priority
+    # 0) at a steady 0.3 x capacity, and a "batch" backlog (priority 1, half hits on 8k contexts,
+    # half 8k misses) of 60 s at 2 x capacity that takes ~2 more minutes to drain.
+    "priority": {
+        "family": "tenants", "seed": 11, "shape": "burst:2.3:60,steady:0.3:180",
+        "params": {"tenants": (
+            "interactive:tenant=none:load=0.3:hits=0.95:context=4096:suffix=512:miss=4096:"
+            "contexts=4:priority=0,"
+            "batch:tenant=none:rate=1:hits=0.5:context=8192:suffix=512:miss=8192:contexts=2:"
+            "priority=1"
+        )},
+        "description": "default tenant, two priorities: interactive (priority 0, 95% hits) at "
+        "0.3x capacity throughout, a batch backlog (priority 1) at 2x for 60 s; replay with "
+        "--cache-fraction 1.5",
     },
 }
 
@@ -238,7 +283,8 @@ def build_trace(
     """Build a trace.
 
     Args:
-        family: one of `FAMILIES` (sec, sec-long, musique, mooncake, flood, hit-heavy).
+        family: one of `FAMILIES` (sec, sec-long, musique, mooncake, flood, hit-heavy,
+            tenants).
         seed: non-negative integer; every random choice derives from it.
         shape: a named or inline load shape (`fairway.traces.shapes.get_shape`); None: the
             family's default. Mooncake keeps its real arrivals and takes none.

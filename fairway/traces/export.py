@@ -17,6 +17,11 @@ re-cuts every prompt into fixed chunks of `chunk_tokens`:
   could reuse is lost.
 
 Timestamps are written in seconds (`--timed-trace-sec-multiplier 1`, vLLM's default).
+
+Beside the loader's four fields each row keeps the request's ``request_id``, and its ``tenant``
+and ``priority`` when the trace sets them (only then, as in the trace file). vLLM's loader reads
+its fields by name and ignores the others, so these are for other tools and for analysis:
+`vllm bench serve` sends neither a tenant nor a priority (`fairway replay --url` does).
 """
 
 from __future__ import annotations
@@ -77,15 +82,18 @@ def timed_trace_rows(trace: Trace, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> 
     for request in trace:
         chunks = chunk_signatures(request, chunk_tokens)
         hash_ids = [ids.setdefault(sig, len(ids)) for sig in chunks]
-        rows.append(
-            {
-                "timestamp": round(request.arrival_s, 6),
-                "input_length": request.prompt_tokens,
-                "output_length": request.max_tokens,
-                "hash_ids": hash_ids,
-                "request_id": request.request_id,
-            }
-        )
+        row = {
+            "timestamp": round(request.arrival_s, 6),
+            "input_length": request.prompt_tokens,
+            "output_length": request.max_tokens,
+            "hash_ids": hash_ids,
+            "request_id": request.request_id,
+        }
+        if request.tenant is not None:
+            row["tenant"] = request.tenant
+        if request.priority != 0:
+            row["priority"] = request.priority
+        rows.append(row)
     return rows
 
 

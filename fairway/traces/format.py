@@ -6,6 +6,12 @@ without shipping text. A block id always has one token count within a trace (che
 `block_token_ids` turns a block into the same token ids everywhere: the replay, a live server and
 the statistics all see one prompt.
 
+A request line has, in this order, ``request_id``, ``arrival_s``, ``blocks``, ``max_tokens``,
+``phase``, ``tags``, and two optional keys, written only when set: ``tenant`` (the tenant the
+request names, sent to a server as ``vllm_xargs`` ``{"tenant": ...}``, `fairway.tenants`) and
+``priority`` (vLLM's per-request priority, an integer, lower first; absent means 0). A trace
+without tenants or priorities has the bytes it had before these keys existed.
+
 Writing is deterministic (fixed key order, sorted keys inside ``params``/``info``/``tags``,
 ``arrival_s`` with exactly six decimals, gzip without a timestamp), so the same trace always has
 the same bytes and a trace can be compared with a rebuild of its header by ``cmp``.
@@ -38,7 +44,9 @@ _HEADER_KEYS = (
     "num_requests", "duration_s", "phases", "info",
 )
 _REQUIRED_HEADER_KEYS = ("fairway_trace", "family", "seed", "shape", "params", "num_requests")
-_REQUEST_KEYS = ("request_id", "arrival_s", "blocks", "max_tokens", "phase", "tags")
+_REQUEST_KEYS = (
+    "request_id", "arrival_s", "blocks", "max_tokens", "phase", "tags", "tenant", "priority",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,10 @@ class TraceRequest:
         max_tokens: tokens to generate (1: the prefill-node setting, TTFT only).
         phase: label of the load-shape window the request arrived in, or None.
         tags: small JSON-able facts for analysis (filing, question_id, session, hop, ...).
+        tenant: the tenant the request names (vLLM's ``vllm_xargs`` / ``SamplingParams.
+            extra_args["tenant"]``, see `fairway.tenants`), or None: the default tenant.
+        priority: vLLM's per-request priority (lower is served first under
+            ``--scheduling-policy priority``); 0 is vLLM's default.
     """
 
     request_id: str
@@ -81,6 +93,8 @@ class TraceRequest:
     max_tokens: int = 1
     phase: str | None = None
     tags: Mapping[str, Any] = field(default_factory=dict)
+    tenant: str | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         problem = _request_problem(self)
@@ -248,6 +262,10 @@ def _request_problem(req: TraceRequest) -> str | None:
         return f"phase must be a string or null, got {req.phase!r}"
     if not isinstance(req.tags, Mapping):
         return f"tags must be an object, got {req.tags!r}"
+    if req.tenant is not None and (not isinstance(req.tenant, str) or not req.tenant):
+        return f"tenant must be a non-empty string (or absent), got {req.tenant!r}"
+    if not _is_int(req.priority):
+        return f"priority must be an integer, got {req.priority!r}"
     return None
 
 
@@ -301,15 +319,24 @@ def header_line(header: TraceHeader) -> str:
 
 
 def request_line(req: TraceRequest) -> str:
-    """One request as one JSON line (no newline), keys in file order."""
+    """One request as one JSON line (no newline), keys in file order.
+
+    ``tenant`` and ``priority`` are written only when set (a tenant, a priority other than 0),
+    after ``tags``: a trace without them has the bytes it had before they existed.
+    """
     blocks = ",".join(f"[{json.dumps(b)},{n}]" for b, n in req.blocks)
+    extra = ""
+    if req.tenant is not None:
+        extra += f',"tenant":{json.dumps(req.tenant)}'
+    if req.priority != 0:
+        extra += f',"priority":{req.priority}'
     return (
         f'{{"request_id":{json.dumps(req.request_id)},'
         f'"arrival_s":{_format_arrival(req.arrival_s)},'
         f'"blocks":[{blocks}],'
         f'"max_tokens":{req.max_tokens},'
         f'"phase":{json.dumps(req.phase)},'
-        f'"tags":{_dumps(dict(req.tags))}}}'
+        f'"tags":{_dumps(dict(req.tags))}{extra}}}'
     )
 
 
@@ -423,6 +450,8 @@ def _parse_request(obj: Any) -> TraceRequest:
         ("max_tokens", obj.get("max_tokens", 1)),
         ("phase", obj.get("phase")),
         ("tags", obj.get("tags") or {}),
+        ("tenant", obj.get("tenant")),
+        ("priority", obj.get("priority", 0)),
     ):
         object.__setattr__(req, name, value)
     problem = _request_problem(req)
@@ -478,6 +507,8 @@ def make_request(
     phase: str | None = None,
     tags: Mapping[str, Any] | None = None,
     max_tokens: int = 1,
+    tenant: str | None = None,
+    priority: int = 0,
 ) -> TraceRequest:
     """Builder helper: a request with `arrival_s` rounded to the file's microsecond resolution."""
     return TraceRequest(
@@ -487,4 +518,6 @@ def make_request(
         max_tokens=max_tokens,
         phase=phase,
         tags=dict(tags or {}),
+        tenant=tenant,
+        priority=priority,
     )

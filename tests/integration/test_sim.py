@@ -212,6 +212,30 @@ def test_the_policy_sees_the_virtual_clock():
     assert max(seen) <= result.simulated_s < time.time() - 1e9  # not wall-clock time
 
 
+def test_tenant_and_priority_reach_the_engine_and_the_results():
+    reqs = (
+        TraceRequest("a", 0.0, (("x", 300),), tenant="team-a", priority=2),
+        TraceRequest("b", 0.0, (("y", 300),)),
+    )
+    trace = Trace(TraceHeader("test", 0, None, {}, 2), reqs)
+    engine: dict[str, tuple[int, object]] = {}
+
+    def on_start(scheduler):
+        add = scheduler.add_request
+
+        def spy(request):
+            engine[request.request_id] = (request.priority, request.sampling_params.extra_args)
+            return add(request)
+
+        scheduler.add_request = spy
+
+    result = replay(trace, "fcfs", profile=PROFILE, num_blocks=400,
+                    hooks=ReplayHooks(on_start, None))
+    assert engine == {"a": (2, {"tenant": "team-a"}), "b": (0, None)}
+    assert [(r.tenant, r.priority, r.error) for r in result.requests] == [
+        ("team-a", 2, None), (None, 0, None)]
+
+
 def test_virtual_clock_refuses_to_go_back():
     clock = VirtualClock(5.0)
     clock.advance(1.0)

@@ -130,6 +130,20 @@ def test_ttft_measured_to_the_first_chunk(stub: Stub) -> None:
     assert result.simulated_s is None and result.settings["interrupted"] is False
 
 
+def test_tenant_and_priority_are_sent_and_recorded(stub: Stub) -> None:
+    reqs = (
+        make_request("t0", 0.0, [("b", 4)], tenant="team-a", priority=2, max_tokens=OK),
+        make_request("t1", 0.05, [("b", 4)], max_tokens=OK),
+    )
+    trace = Trace(TraceHeader("test", 7, None, {}, 2), reqs)
+    result = live(trace, stub.url, model="m")
+    sent = sorted(stub.received, key=lambda body: len(body))
+    assert sent[0].keys() == {"model", "prompt", "max_tokens", "temperature", "stream",
+                              "stream_options"}
+    assert sent[1]["priority"] == 2 and sent[1]["vllm_xargs"] == {"tenant": "team-a"}
+    assert [(r.tenant, r.priority) for r in result.requests] == [("team-a", 2), (None, 0)]
+
+
 def test_failures_are_recorded_and_sends_stay_on_schedule(stub: Stub) -> None:
     # A hanging first request must not delay the later sends (open loop).
     trace = make_trace((0.0, HANG), (0.1, FAIL_500), (0.2, MALFORMED), (0.3, SLOW_OK), (0.4, OK))

@@ -153,10 +153,11 @@ def test_capacity_scales_request_count() -> None:
 
 
 def test_registry_names() -> None:
-    assert set(FAMILIES) == {"sec", "sec-long", "musique", "mooncake", "flood", "hit-heavy"}
+    assert set(FAMILIES) == {
+        "sec", "sec-long", "musique", "mooncake", "flood", "hit-heavy", "tenants"}
     assert set(PRESETS) == {
         "sec-a", "sec-b", "sec-long", "musique", "mooncake", "flood", "hit-heavy",
-        "mooncake-long", "hit-heavy-long",
+        "mooncake-long", "hit-heavy-long", "tenants", "tenants-mixed", "priority",
     }
     for spec in PRESETS.values():
         make_params(spec["family"], spec["params"])  # every preset parameter is valid
