@@ -214,6 +214,21 @@ class FairwayPolicy(FastLanePolicy):
     stateful: ClassVar[bool] = True
     plans_steps: ClassVar[bool] = True
 
+    #: Tenants (with the `tenants` option): how far a tenant's counter may fall behind the
+    #: leader's of its priority level, in step budgets (>= 0): a tenant that used less than its
+    #: share, or returns after a pause, is served first for up to this much work (its requests
+    #: then see the step as when alone), and no more (a backlogged tenant loses at most that
+    #: much against its share).
+    tenant_credit_steps: float = 12.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        credit = self.tenant_credit_steps
+        if isinstance(credit, bool) or not isinstance(credit, int | float) or not (
+            0 <= credit < float("inf")
+        ):
+            raise ValueError(f"tenant_credit_steps must be a finite number >= 0, got {credit!r}")
+
     #: The lane ledgers, carried while steps stay contested.
     ledger: LaneLedgers = field(init=False, repr=False, default_factory=LaneLedgers)
     #: Lane each request placed in a contested step is charged to, booked after the step.
@@ -235,6 +250,10 @@ class FairwayPolicy(FastLanePolicy):
     _class_of_id: dict[str, int] = field(init=False, repr=False, default_factory=dict)
     #: The last classed step's requests asked for more prefill tokens than it had.
     _tenants_contend: bool = field(init=False, repr=False, default=False)
+    #: The share class of every request of the last step, when it had one class.
+    _single_class: int | None = field(init=False, repr=False, default=None)
+    #: `tenant_credit_steps` in tokens at the last classed step.
+    _credit: float = field(init=False, repr=False, default=0.0)
 
     # --- the rule ---------------------------------------------------------------------------------
 
@@ -281,7 +300,10 @@ class FairwayPolicy(FastLanePolicy):
         tenants or priority levels takes `_classed_ordering`."""
         if queue.mixed or _classes_differ(queue, step.prefilling):
             return self._classed_ordering(queue, step)
-        self._present = None  # one class: the tenant counters restart when classes mix again
+        if len(step.tenant_weights) > 1 or queue.priority is not None:
+            self._one_class(queue, step)  # its counter runs on, for the others' return
+        else:
+            self._present = None
         n, m = len(queue), len(step.prefilling)
         if n + m == 0:
             decided = self._decide([], [], {}, {}, 0.0, 0, step, queue.ids_of, fast_whole=True)
@@ -343,6 +365,7 @@ class FairwayPolicy(FastLanePolicy):
             [queue.priorities, np.fromiter((p.priority for p in running), np.int64, m)]
         )
         share = self._share_classes(level, tenant, step)
+        self._single_class = None
         run_cols = QueueColumns.of(running)
         arrival = np.concatenate([queue.arrival, run_cols.arrival])
         scores = np.concatenate([
@@ -380,17 +403,104 @@ class FairwayPolicy(FastLanePolicy):
             0, budget.tokens - sum(budget.ahead)
         )
         top = level == level.min()
-        shared = len(np.unique(tenant[top])) > 1  # tenants compete in the level served first
+        if len(np.unique(tenant[top])) > 1:  # tenants compete in the level served first
+            fast_sorted = np.lexsort((tie, arrival, -scores, level))
+            fair_sorted = np.lexsort((tie, arrival, waiting, level))
+            while True:
+                merged = self._tenant_merge(
+                    fast_sorted, fair_sorted, share, level, work, waiting, keys, work_of,
+                    reach, step,
+                )
+                placed = sum(1 for k in merged[0] if k >= 0)
+                if placed >= min(n, head) or reach >= n + m:
+                    break
+                reach *= 2
+            decided = self._decide(
+                merged[0], merged[0], work_of, done, queue_work, n, step, queue.ids_of,
+                fast_whole=True, shared=True, merged=merged,
+            )
+            assert decided is not None  # no merge of its own: never widened
+            return decided
         fair = _lane_prefix(fair_lane, waiting, reach)  # as the plain path: never widened
         while True:
             fast = _lane_prefix(fast_lane, waiting, reach)
             decided = self._decide(
                 keys[fast].tolist(), keys[fair].tolist(), work_of, done, queue_work, n, step,
-                queue.ids_of, fast_whole=int(waiting[fast].sum()) >= n, shared=shared,
+                queue.ids_of, fast_whole=int(waiting[fast].sum()) >= n,
+                shared=bool(len(level)) and level.min() != level.max(),  # levels: hold the lower
             )
             if decided is not None:
                 return decided
             reach *= 2
+
+    def _tenant_merge(
+        self,
+        fast_sorted: np.ndarray,
+        fair_sorted: np.ndarray,
+        share: np.ndarray,
+        level: np.ndarray,
+        work: np.ndarray,
+        waiting: np.ndarray,
+        keys: np.ndarray,
+        work_of: dict[int, int],
+        reach: int,
+        step: Step,
+    ) -> tuple[list[int], list[str], list[str]]:
+        """Tenants outermost, lanes inside: each share class's own two lanes merged as the
+        paper's step merges them (its Fast lane starting only what it finishes in the step),
+        then the classes interleaved by tag along those sequences (`tenant_tags`), level by
+        level. Each class's lanes are read up to its `reach`-th waiting request."""
+        tokens = 0 if step.budget is None else max(0, step.budget.tokens - sum(step.budget.ahead))
+        sequences: list[np.ndarray] = []
+        labels: list[list[str]] = []
+        charges: list[list[str]] = []
+        for code in np.unique(share).tolist():
+            mine_fast = fast_sorted[share[fast_sorted] == code]
+            mine_fair = fair_sorted[share[fair_sorted] == code]
+            got, lanes, charged = merge(
+                keys[_lane_prefix(mine_fast, waiting, reach)].tolist(),
+                keys[_lane_prefix(mine_fair, waiting, reach)].tolist(),
+                work_of, self.fast_weight, None, None, tokens or None, fit=tokens > 0,
+            )
+            sequences.append(np.asarray(got, dtype=np.int64))
+            labels.append(lanes)
+            charges.append(charged)
+        flat = np.concatenate(sequences)
+        n = int(waiting.sum())
+        entry = np.where(flat >= 0, flat, n - flat - 1)  # key -(j + 1): running prefill j
+        tags = tenant_tags(np.arange(len(entry)), share[entry], work[entry], self._served,
+                           self._class_weight)
+        order = np.lexsort((np.arange(len(entry)), tags, level[entry])).tolist()
+        flat_keys = flat.tolist()
+        flat_lanes = [lane for group in labels for lane in group]
+        flat_charged = [c for group in charges for c in group]
+        return (
+            [flat_keys[i] for i in order],
+            [flat_lanes[i] for i in order],
+            [flat_charged[i] for i in order],
+        )
+
+    def _one_class(self, queue: QueueColumns, step: Step) -> None:
+        """A step whose requests are all of one share class: the plain rule orders it, and the
+        class is charged all the step's tokens (so a tenant that returns finds the others'
+        counters moved on by what they got meanwhile, and has its credit)."""
+        prefilling = step.prefilling
+        if len(queue):
+            level, tenant = int(queue.priorities[0]), int(queue.tenants[0])
+        elif prefilling:
+            level, tenant = prefilling[0].priority, prefilling[0].tenant
+        else:
+            return
+        code = int(self._share_classes(
+            np.array([level], dtype=np.int64), np.array([tenant], dtype=np.intp), step
+        )[0])
+        self._class_of_id = {}
+        self._single_class = code
+        budget = step.budget
+        work = float(queue.remaining.sum()) + sum(p.remaining for p in prefilling)
+        self._tenants_contend = budget is not None and work > max(
+            0, budget.tokens - sum(budget.ahead)
+        )
 
     def _share_classes(self, level: np.ndarray, tenant: np.ndarray, step: Step) -> np.ndarray:
         """The share class (a code for one (priority level, tenant) pair) of every entry, and
@@ -410,9 +520,9 @@ class FairwayPolicy(FastLanePolicy):
             code = self._class_code.setdefault((lvl, ten), len(self._class_code))
             codes.append(code)
         size = len(self._class_code)
-        if len(self._served) < size:
+        if len(self._served) < size:  # a new class is one back after a long pause
             grow = size - len(self._served)
-            self._served = np.concatenate([self._served, np.zeros(grow)])
+            self._served = np.concatenate([self._served, np.full(grow, -np.inf)])
             self._class_weight = np.concatenate([self._class_weight, np.ones(grow)])
         levels: dict[int, list[int]] = {}
         for (lvl, ten), code in zip(pairs.T.tolist(), codes, strict=True):
@@ -420,16 +530,20 @@ class FairwayPolicy(FastLanePolicy):
             levels.setdefault(lvl, []).append(code)
         before = self._present
         served = self._served
+        budget = step.budget
+        self._credit = self.tenant_credit_steps * (budget.tokens if budget is not None else 0)
+        credit = self._credit / self._class_weight
         for present in levels.values():
             staying = [c for c in present if before is not None and c in before]
-            if not staying:
-                served[present] = 0.0
+            if not staying:  # the level starts again: no one more than its credit behind
+                known = served[present][np.isfinite(served[present])]
+                lead = float(known.max()) if len(known) else 0.0
+                served[present] = np.maximum(served[present], lead - credit[present])
                 continue
             floor = min(served[c] for c in staying)
             for code in present:
                 if code not in staying:
-                    served[code] = max(served[code], floor)
-            served[present] -= served[present].min()
+                    served[code] = max(served[code], floor - credit[code])
         self._present = frozenset(codes)
         share: np.ndarray = np.asarray(codes, dtype=np.intp)[inverse.reshape(-1)]
         return share
@@ -448,13 +562,16 @@ class FairwayPolicy(FastLanePolicy):
         ids_of: Callable[[list[int]], list[str]],
         fast_whole: bool,
         shared: bool = False,
+        merged: tuple[list[int], list[str], list[str]] | None = None,
     ) -> Ordering | None:
         """Contest, ledgers, merge and plan from the two lanes (known prefixes of them whose
         merge places every running prefill and the scan's head). None when the Fast lane passed
         over its whole known prefix and more of it exists (`fast_whole` False): the caller widens
-        the prefix and asks again (nothing was changed). `shared`: the lanes interleave tenants,
-        so the step is contested even when both lanes start with the same request (the grants
-        then hold a running prefill of a tenant ahead of its share)."""
+        the prefix and asks again (nothing was changed). `shared`: tenants share the step, so
+        it is contested whenever its requests ask for more than it has (the grants then hold a
+        running prefill of a tenant ahead of its share); `merged`: the placements (keys, lanes,
+        charges) made by the caller (the tenants' interleave of their own lanes), in place of
+        the two lanes' merge, whose ledgers then stay reset."""
         self._pending = None
         front_held = self._front_held  # consumed only by a decision (not by a None answer)
         prefilling, budget = step.prefilling, step.budget
@@ -474,7 +591,7 @@ class FairwayPolicy(FastLanePolicy):
         slots = None if budget is None else max(0, budget.free_slots - len(budget.ahead))
         if slots == 0 and m == 0:  # nothing can start or continue: the ledgers stay (idle_step)
             contested = False
-        elif not contested:
+        elif not contested or merged is not None:
             self.ledger.reset()
         elif not self.ledger.active or work[fair[0]] < tokens:
             # the paper's start; a Fair front that fits in one step is served by the paper's
@@ -484,8 +601,11 @@ class FairwayPolicy(FastLanePolicy):
         # Placements until a lane's known prefix is used up: each is the whole queue's merge's;
         # every running prefill and at least the scan's head of waiting rows are placed.
         passed: set[int] = set()
-        keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots, tokens,
-                                     fit=contested, skipped=passed)
+        if merged is not None:
+            keys, lanes, charged = merged
+        else:
+            keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots,
+                                         tokens, fit=contested, skipped=passed)
         if passed and not fast_whole and passed.union(keys).issuperset(fast):
             return None
         rows = [k for k in keys if k >= 0]
@@ -537,6 +657,7 @@ class FairwayPolicy(FastLanePolicy):
         """No prefill can run this step: nothing is scheduled, so nothing is booked; the ledgers
         stay (a step without prefill tokens neither ends nor moves a contest)."""
         self._pending = None
+        self._single_class, self._class_of_id, self._tenants_contend = None, {}, False
 
     def on_step_end(
         self,
@@ -560,28 +681,32 @@ class FairwayPolicy(FastLanePolicy):
         self.ledger.charge(fast, fair, self.fast_weight)
 
     def _charge_tenants(self, prefill_by_request: Mapping[str, int] | None) -> None:
-        """The share classes' counters after a classed step: in one whose requests asked for
-        more than its budget each class is charged the prefill tokens vLLM scheduled for it over
-        its tenant's weight; any other served every request all it asked for, so each level's
-        present classes are even again (their highest count)."""
+        """The share classes' counters after a classed step whose requests asked for more than
+        its budget: each class is charged the prefill tokens vLLM scheduled for it over its
+        tenant's weight, and none is left more than its credit behind its level's leader. A
+        step that served every request all it asked for charges nothing."""
         class_of, self._class_of_id = self._class_of_id, {}
+        single, self._single_class = self._single_class, None
         contested, self._tenants_contend = self._tenants_contend, False
         present = self._present
-        if not class_of or present is None:
+        if (not class_of and single is None) or present is None:
             return
-        served = self._served
         if not contested or prefill_by_request is None:
-            by_level: dict[int, list[int]] = {}
-            for (lvl, _), code in self._class_code.items():
-                if code in present:
-                    by_level.setdefault(lvl, []).append(code)
-            for codes in by_level.values():
-                served[codes] = served[codes].max()
-            return
+            return  # every request got all it asked for: nobody fell behind
+        served, weight = self._served, self._class_weight
+        if single is not None:
+            served[single] += sum(prefill_by_request.values()) / weight[single]
         for request_id, tokens in prefill_by_request.items():
             charged = class_of.get(request_id)
             if charged is not None:
-                served[charged] += tokens / self._class_weight[charged]
+                served[charged] += tokens / weight[charged]
+        by_level: dict[int, list[int]] = {}
+        for (lvl, _), code in self._class_code.items():
+            if code in present:
+                by_level.setdefault(lvl, []).append(code)
+        for codes in by_level.values():  # no tenant falls further behind than its credit
+            lead = served[codes].max()
+            served[codes] = np.maximum(served[codes], lead - self._credit / weight[codes])
 
     def tenant_counters(self) -> dict[int, float]:
         """Tenant code -> counter (uncached tokens over weight, relative to the lowest) of the

@@ -164,9 +164,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # calm phases heavy sends ~3x light's request rate, in the overload ~15x.
     "tenants": {
         "family": "tenants", "seed": 9, "shape": TENANTS_SHAPE, "params": {},
-        "description": "tenant heavy (90% hits on 6k-token contexts) floods to 1.5x capacity for "
-        "150 s, tenant light (90% 3k-6k-token misses) stays at 0.35x; replay with "
-        "--cache-fraction 1.5",
+        "description": "tenant heavy (90% hits on 6k-token contexts) at 3x the request rate of "
+        "tenant light (90% 1k-3k-token misses), 1.5x capacity for 150 s (light: a quarter of "
+        "the work); replay with --cache-fraction 1.5",
     },
     # Four tenants of different hit rates and lengths, 1.3 x capacity in the busy phase: chat
     # (short, mostly hits, most requests), rag (8k contexts, mostly hits), batch (4k-12k misses,

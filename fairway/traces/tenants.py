@@ -56,11 +56,13 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 NO_TENANT = "none"
 _KEYS = ("rate", "load", "hits", "context", "suffix", "miss", "contexts", "priority", "tenant")
 
-#: The `tenants` preset's classes and the family's default: a heavy tenant of cache hits that
-#: floods, and a light tenant of misses at a steady third of the capacity.
+#: The `tenants` preset's classes and the family's default: a heavy tenant of cache hits
+#: (6k-token contexts, a 1.2k-token new turn) sending 3 x the request rate of a light tenant of
+#: 1k-3k-token misses; the light tenant is a quarter of the work (0.37 x capacity in the
+#: overload), under its equal share, so a fair share in uncached work can protect it.
 TWO_TENANTS = (
-    "heavy:rate=1:hits=0.9:context=6000:suffix=300:miss=6000:contexts=4,"
-    "light:load=0.35:hits=0.1:context=6000:suffix=300:miss=3000-6000:contexts=2"
+    "heavy:rate=3:hits=0.9:context=6000:suffix=1200:miss=7200:contexts=4,"
+    "light:rate=1:hits=0.1:context=2000:suffix=300:miss=1000-3000:contexts=2"
 )
 #: The family's default shape: calm, 150 s of overload (1.5 x capacity in uncached tokens), calm.
 DEFAULT_SHAPE = "calm:0.6:60,overload:1.5:150,calm:0.6:60"

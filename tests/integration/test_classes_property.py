@@ -9,8 +9,8 @@ SchedulerOutput and the policy's counters:
   does not fit, so one that fits is never passed over for a lower level);
 * the tenants' counters (uncached tokens scheduled over weight) of the tenants with work at the
   top level before and after a step stay within the bound of docs/design.md: the largest minus
-  the smallest is at most 2 P / w_min + the largest change of one counter in the step (P the
-  step's prefill budget);
+  the smallest is at most (C + 2 P) / w_min + the largest change of one counter in the step (P
+  the step's prefill budget, C = `tenant_credit_steps` x P the credit);
 * every request stays in exactly one queue and finishes exactly once; no step falls back.
 """
 
@@ -105,7 +105,8 @@ def _run(offline, helpers, stream, async_scheduling):
 def _check(sched) -> int:
     """The two properties over every recorded step; returns the contested steps seen."""
     weights = [1.0, *TENANTS.values()]
-    bound = 2 * BUDGET / min(weights)
+    credit = sched.fairway_policy.tenant_credit_steps * BUDGET
+    bound = (credit + 2 * BUDGET) / min(weights)
     contested = 0
     steps = sched.spy_steps
     for k, (waiting, scheduled, before, _plan) in enumerate(steps):

@@ -117,7 +117,9 @@ def test_levels_are_strict_and_each_level_is_ordered_by_its_lanes() -> None:
         assert any(queue[i].priority == level for i in got.order)
 
 
-def test_counters_are_charged_in_contested_steps_and_evened_in_uncontested_ones() -> None:
+def test_counters_are_charged_in_contested_steps_only() -> None:
+    """A step that cannot serve everyone charges each tenant its tokens over its weight; one
+    that serves everyone all it asked for charges nothing."""
     policy = get("fairway")
     assert isinstance(policy, FairwayPolicy)
     queue = [QueuedRequest(f"a{i}", float(i), 3_000, 0, tenant=1) for i in range(3)] + [
@@ -125,17 +127,20 @@ def test_counters_are_charged_in_contested_steps_and_evened_in_uncontested_ones(
     ]
     step = Step(5.0, None, StepBudget(2_048, 8), tenant_weights=(1.0, 1.0, 2.0))
     policy.ordering(QueueColumns.of(queue), step)
+    before = policy.tenant_counters()
     policy.on_step_end([], 2_048, prefill_by_request={"a0": 1_024, "b0": 1_024})
-    assert policy.tenant_counters() == {1: 1_024.0, 2: 512.0}
+    after = policy.tenant_counters()
+    assert after[1] - before[1] == 1_024.0 and after[2] - before[2] == 512.0
     small = [QueuedRequest("a9", 9.0, 100, 0, tenant=1), QueuedRequest("b9", 9.0, 100, 0, tenant=2)]
     policy.ordering(QueueColumns.of(small), step)
     policy.on_step_end([], 200, prefill_by_request={"a9": 100, "b9": 100})
-    counters = policy.tenant_counters()
-    assert counters[1] == counters[2]
+    assert policy.tenant_counters() == after
 
 
-def test_a_returning_tenant_is_lifted_to_the_lowest_present_counter() -> None:
-    policy = get("fairway")
+def test_a_returning_tenant_gets_at_most_its_credit() -> None:
+    """Back after a pause, a tenant starts no further behind the lowest of those that stayed
+    than its credit (`tenant_credit_steps` step budgets), and no lower than it was."""
+    policy = get("fairway", tenant_credit_steps=1.0)
     assert isinstance(policy, FairwayPolicy)
     step = Step(5.0, None, StepBudget(2_048, 8))
     two = [
@@ -143,8 +148,28 @@ def test_a_returning_tenant_is_lifted_to_the_lowest_present_counter() -> None:
         QueuedRequest("b0", 0.1, 9_000, 0, tenant=2),
     ]
     policy.ordering(QueueColumns.of(two), step)
+    for _ in range(3):  # tenant 1 alone for three steps: it gets everything
+        policy.on_step_end([], 2_048, prefill_by_request={"a0": 2_048})
+        policy.ordering(QueueColumns.of(two[:1]), step)
     policy.on_step_end([], 2_048, prefill_by_request={"a0": 2_048})
-    three = [*two, QueuedRequest("c0", 4.0, 9_000, 0, tenant=3)]
-    policy.ordering(QueueColumns.of(three), step)
+    policy.ordering(QueueColumns.of(two), step)
     counters = policy.tenant_counters()
-    assert counters[3] == counters[2] == 0.0 and counters[1] == 2_048.0
+    assert counters[1] - counters[2] == 2_048.0  # 4 steps behind, lifted to one step's credit
+    policy = get("fairway", tenant_credit_steps=0.0)
+    policy.ordering(QueueColumns.of(two), step)
+    policy.on_step_end([], 2_048, prefill_by_request={"a0": 2_048})
+    policy.ordering(QueueColumns.of(two[:1]), step)
+    policy.on_step_end([], 2_048, prefill_by_request={"a0": 2_048})
+    policy.ordering(QueueColumns.of(two), step)
+    counters = policy.tenant_counters()
+    assert counters[1] == counters[2]  # no credit: VTC's lift
+
+
+def test_a_bad_credit_is_refused() -> None:
+    import pytest
+
+    from fairway.errors import FairwayConfigError
+
+    for bad in (-1, float("inf"), "x", True):
+        with pytest.raises(FairwayConfigError, match="tenant_credit_steps"):
+            get("fairway", tenant_credit_steps=bad)

@@ -181,7 +181,8 @@ def test_spec_parsing_and_errors() -> None:
     heavy, light = parse_tenants(TWO_TENANTS)
     assert (heavy.name, heavy.request_tenant, heavy.load, heavy.hits) == ("heavy", "heavy", None,
                                                                           0.9)
-    assert (light.load, light.miss, light.contexts) == (0.35, (3000, 6000), 2)
+    assert (light.load, light.rate, light.miss, light.contexts) == (None, 1.0, (1000, 3000), 2)
+    assert heavy.rate == 3.0
     (spec,) = parse_tenants("x:tenant=none:priority=-2:context=1000-2000:contexts=3")
     assert spec.request_tenant is None and spec.priority == -2
     assert spec.context_lengths() == [1000, 1496, 2000]  # whole 16-token steps inside
@@ -229,18 +230,19 @@ def test_family_builds_deterministically_and_rebuilds(tmp_path: Path) -> None:
                                    r.tags["context"])
     heavy, light = (len([r for r in a.requests if r.tenant == t and r.phase == "overload"])
                     for t in ("heavy", "light"))
-    assert heavy > 5 * light  # the flood is the heavy tenant's
+    assert heavy > 2 * light  # 3 x the light tenant's request rate (Poisson draws)
 
 
-def test_the_light_tenants_load_stays_fixed_while_heavy_follows_the_shape() -> None:
+def test_the_heavy_tenant_sends_three_times_the_light_rate_in_every_phase() -> None:
     trace = build_trace("tenants", 1, SHORT, CAPACITY)
     rates = {name: c["rate_per_phase"] for name, c in trace.header.info["classes"].items()}
-    assert rates["light"][0] == rates["light"][1] == rates["light"][2]
     work = {name: c["work_per_request_tokens"] for name, c in trace.header.info["classes"].items()}
     for k, load in enumerate((0.6, 1.5, 0.6)):
+        assert rates["heavy"][k] == pytest.approx(3 * rates["light"][k], rel=1e-4)
         offered = sum(rates[n][k] * work[n] for n in rates) / CAPACITY
-        assert offered == pytest.approx(load)
-    assert rates["light"][1] * work["light"] / CAPACITY == pytest.approx(0.35)
+        assert offered == pytest.approx(load, rel=1e-4)
+    light_share = rates["light"][1] * work["light"] / CAPACITY / 1.5
+    assert 0.2 <= light_share <= 0.3  # a quarter of the work: under its equal share
 
 
 # ---------------------------------------------------------------------------------- presets
@@ -269,16 +271,17 @@ def test_tenants_preset() -> None:
     assert 0.85 <= _hit_share(classes["heavy"]) <= 0.95
     assert 0.03 <= _hit_share(classes["light"]) <= 0.2
     for r in classes["heavy"]:
-        assert r.prompt_tokens in (6000, 6300)  # a miss, or a 6,000-token context + 300
-    assert all(3000 <= r.prompt_tokens <= 6000 for r in classes["light"]
+        assert r.prompt_tokens in (7200,)  # a miss, or a 6,000-token context + 1,200
+    assert all(1000 <= r.prompt_tokens <= 3000 for r in classes["light"]
                if r.tags["kind"] == "miss")
-    # The overload is ~1.5x capacity; the light tenant's own work alone stays ~0.35x.
+    # The overload is ~1.5x capacity; the light tenant is a quarter of the work (~0.37x).
     assert 1.3 <= _ideal_load(trace, "overload") <= 1.7
     info = trace.header.info["classes"]
     light = info["light"]["rate_per_phase"][1] * info["light"]["work_per_request_tokens"]
-    assert light / trace.header.capacity_tps == pytest.approx(0.35)
-    calm_ratio = info["heavy"]["rate_per_phase"][0] / info["light"]["rate_per_phase"][0]
-    assert 2.5 <= calm_ratio <= 4  # heavy sends ~3x light's request rate when calm
+    assert 0.3 <= light / trace.header.capacity_tps <= 0.45
+    for k in range(3):  # heavy sends 3x light's request rate in every phase
+        ratio = info["heavy"]["rate_per_phase"][k] / info["light"]["rate_per_phase"][k]
+        assert ratio == pytest.approx(3, rel=1e-4)
 
 
 def test_tenants_mixed_preset() -> None:
