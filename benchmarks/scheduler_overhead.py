@@ -175,8 +175,11 @@ class Workload:
             suffix = [10_000_000 + i, *pool[start : start + suffix_len]]
             arrival = now - rng.uniform(0, 30)
             prompt = self.prefixes[g] + suffix
-            self.templates.append(self._new(f"w{i}", prompt, arrival, hashes=seeds[g].block_hashes))
+            tenant = f"t{i % args.tenants}" if args.tenants > 1 else None
+            self.templates.append(self._new(f"w{i}", prompt, arrival, hashes=seeds[g].block_hashes,
+                                            tenant=tenant))
         self.num_waiting = n
+        self.tenants = args.tenants
 
     def _new(
         self,
@@ -185,14 +188,18 @@ class Workload:
         arrival: float,
         max_tokens: int = 1,
         hashes: Sequence[Any] = (),
+        tenant: str | None = None,
     ) -> Any:
-        """A Request whose block hashes start from `hashes` (a hashed prefix of `prompt`)."""
+        """A Request whose block hashes start from `hashes` (a hashed prefix of `prompt`), of
+        `tenant` (`vllm_xargs`' tenant; every arm gets it, only `+tenants` arms read it)."""
         from vllm.sampling_params import SamplingParams
 
+        extra = {"tenant": tenant} if tenant is not None else None
         request = self._request_cls(
             request_id=request_id,
             prompt_token_ids=prompt,
-            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                           extra_args=extra),
             pooling_params=None,
             arrival_time=arrival,
         )
@@ -208,6 +215,7 @@ class Workload:
             template.prompt_token_ids,  # never mutated by vLLM; the token list is copied
             template.arrival_time if arrival is None else arrival,
             hashes=template.block_hashes,  # vLLM internal: Request.block_hashes
+            tenant=(template.sampling_params.extra_args or {}).get("tenant"),
         )
 
     def scheduler(self, arm: str, *, max_num_seqs: int, budget: int, fill: bool) -> Any:
@@ -215,8 +223,11 @@ class Workload:
         offline = self.offline
         num_blocks = len(self.prefixes) * (PREFIX_TOKENS // BLOCK_SIZE) + max_num_seqs * 1_100
         timed_vllm, timed_fairway = timed_classes()
+        policy, _, tenanted = arm.partition("+")  # "fairway+tenants": the tenants listed
         sched = offline.make_offline_scheduler(
-            None if arm == "vllm" else arm,
+            None if arm == "vllm" else policy,
+            fairway_options={"tenants": [f"t{k}" for k in range(self.tenants)]}
+            if tenanted == "tenants" else None,
             scheduler_cls=timed_vllm if arm == "vllm" else timed_fairway,
             num_blocks=num_blocks + 4_096,
             block_size=BLOCK_SIZE,
@@ -555,6 +566,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--running", type=int, default=16, help="max_num_seqs")
     parser.add_argument("--prefixes", type=int, default=40, help="shared cached prefixes")
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
+    parser.add_argument(
+        "--tenants", type=int, default=1,
+        help="requests spread over this many tenants (vllm_xargs); an arm POLICY+tenants lists "
+        "them (the `tenants` option), the others ignore them (default 1: no tenants)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if min(args.sizes) < 1 or args.steps < args.rounds or args.bursts < 1:

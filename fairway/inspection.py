@@ -13,7 +13,12 @@ between (gauges such as the work spread change from step to step), and reports:
   the policy reports it), the oldest waiting request's age, fallbacks, the pre-pass cost;
 * TTFT and queue time by cache hit vs miss (`fairway:ttft_seconds`, `fairway:queue_time_seconds`)
   and vLLM's own TTFT and queue time, as median / p99 estimated from the histogram buckets'
-  deltas (linear within a bucket, as PromQL's `histogram_quantile`).
+  deltas (linear within a bucket, as PromQL's `histogram_quantile`);
+* with tenants configured (option `tenants`), per tenant label: the prefill tokens scheduled in
+  the window and their share of all tenants' (`fairway:tenant_prefill_tokens_total`), the
+  waiting requests now and the most at a poll (`fairway:tenant_waiting_requests`), and TTFT
+  median / p99 (`fairway:tenant_time_to_first_token_seconds`); and, given the server's decision
+  trace (`--decision-trace PATH`), `fairway`'s tenant counters from its last record carrying them.
 
 Against plain vLLM (no `fairway:` series) it says so and reports what vLLM's series show, with a
 heuristic verdict from the queue length and the hit rate. No vLLM import: only HTTP.
@@ -24,9 +29,10 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from fairway.errors import FairwayError
@@ -55,7 +61,15 @@ SERIES = {
     "oldest": "fairway:oldest_waiting_age_seconds",
     "ttft": "fairway:ttft_seconds",
     "queue": "fairway:queue_time_seconds",
+    "tenant_tokens": "fairway:tenant_prefill_tokens_total",
+    "tenant_waiting": "fairway:tenant_waiting_requests",
+    "tenant_ttft": "fairway:tenant_time_to_first_token_seconds",
 }
+#: The label of the per-tenant series, and the order its two fixed values are shown in.
+TENANT_LABEL = "tenant"
+_DEFAULT_TENANT, _OTHER_TENANT = "default", "other"
+#: Bytes read from the end of a decision trace to find its last record with tenant counters.
+TRACE_TAIL_BYTES = 1 << 20
 _ESTIMATE_NOTE = (
     "median / p99 are estimates from histogram bucket deltas (linear within a bucket)"
 )
@@ -173,6 +187,8 @@ class Poll:
     work_min: float | None
     waiting: float | None
     oldest_s: float | None
+    #: Waiting requests per tenant label (`fairway:tenant_waiting_requests`; empty: absent).
+    tenant_waiting: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -194,7 +210,23 @@ def _poll(samples: Samples, t_s: float) -> Poll:
         work_min=_min(samples, SERIES["work_min"]),
         waiting=total(samples, SERIES["waiting"]),
         oldest_s=_max(samples, SERIES["oldest"]),
+        tenant_waiting=_by_tenant(samples, SERIES["tenant_waiting"]),
     )
+
+
+def _by_tenant(samples: Samples, name: str) -> dict[str, float]:
+    """Sum of `name`'s samples per tenant label (over engines and models)."""
+    out: dict[str, float] = defaultdict(float)
+    for labels, value in samples.get(name, ()):
+        if TENANT_LABEL in labels:
+            out[labels[TENANT_LABEL]] += value
+    return dict(out)
+
+
+def tenant_order(tenants: Iterable[str]) -> list[str]:
+    """`default` first, the listed tenants by name, `other` last (a stable order to print)."""
+    rank = {_DEFAULT_TENANT: 0, _OTHER_TENANT: 2}
+    return sorted(set(tenants), key=lambda t: (rank.get(t, 1), t))
 
 
 def _max(samples: Samples, name: str) -> float | None:
@@ -314,6 +346,7 @@ def _fairway_part(window: Window) -> dict[str, Any]:
             for cache in ("hit", "miss")
         },
         "oldest_waiting_s": {"now": oldest[-1], "max": max(oldest)} if oldest else None,
+        "tenants": _tenants(window),
         "fallbacks": _int(delta(first, last, SERIES["fallbacks"])),
         "prepass": {
             "total_s": prepass_s,
@@ -325,6 +358,64 @@ def _fairway_part(window: Window) -> dict[str, Any]:
             "share_of_step": per_step / interval if per_step is not None and interval else None,
         },
     }
+
+
+def _tenants(window: Window) -> dict[str, dict[str, Any]] | None:
+    """Per tenant label: prefill tokens in the window and their share of the sum, waiting now
+    and the most at a poll, TTFT median / p99; None without the tenant series (no tenants)."""
+    first, last = window.first, window.last
+    names = [SERIES["tenant_tokens"], SERIES["tenant_waiting"], f"{SERIES['tenant_ttft']}_count"]
+    tenants = tenant_order(t for name in names for t in _label_values(last, name, TENANT_LABEL))
+    if not tenants:
+        return None
+    tokens = {t: delta(first, last, SERIES["tenant_tokens"], tenant=t) for t in tenants}
+    summed = math.fsum(v for v in tokens.values() if v is not None)
+    out: dict[str, dict[str, Any]] = {}
+    for t in tenants:
+        waiting = [p.tenant_waiting[t] for p in window.polls if t in p.tenant_waiting]
+        n = tokens[t]
+        out[t] = {
+            "prefill_tokens": _int(n),
+            "share": n / summed if n is not None and summed > 0 else None,
+            "waiting_now": _int(waiting[-1]) if waiting else None,
+            "waiting_max": _int(max(waiting)) if waiting else None,
+            "ttft": latency(first, last, SERIES["tenant_ttft"], tenant=t),
+        }
+    return out
+
+
+def trace_tenant_counters(path: str | Path) -> dict[str, Any] | None:
+    """The last record of a decision trace (`decision_trace` option) that carries
+    `tenant_counters`: {"step", "time_s", "counters"}; None when none of the file's last
+    `TRACE_TAIL_BYTES` does (no tenants, another policy, or only one tenant waited).
+
+    Raises:
+        InspectError: the file cannot be read.
+    """
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TRACE_TAIL_BYTES))
+            tail = f.read()
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise InspectError(f"cannot read the decision trace {path}: {reason}") from None
+    lines = tail.decode("utf-8", errors="replace").splitlines()
+    if size > TRACE_TAIL_BYTES:
+        lines = lines[1:]  # the first line may be cut
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        counters = record.get("tenant_counters") if isinstance(record, dict) else None
+        if isinstance(counters, dict) and counters:
+            return {"step": record.get("step"), "time_s": record.get("time_s"),
+                    "counters": {str(k): counters[k] for k in tenant_order(counters)}}
+    return None
 
 
 def _label_values(samples: Samples, name: str, label: str) -> list[str]:
@@ -450,6 +541,7 @@ def _render_fairway(report: Mapping[str, Any]) -> list[str]:
     oldest = report["oldest_waiting_s"]
     lines.append("  Oldest wait   " + ("n/a (series absent)" if oldest is None else
                                       f"{oldest['now']:.2f} s now, {oldest['max']:.2f} s max"))
+    lines += _render_tenants(report.get("tenants"), report.get("tenant_counters"))
     lines.append(f"  Fallbacks     {_n(report['fallbacks'])} steps kept vLLM's order")
     pre = report["prepass"]
     if pre["total_s"] is None or not pre["ordered_steps"]:
@@ -462,6 +554,24 @@ def _render_fairway(report: Mapping[str, Any]) -> list[str]:
         lines.append(f"  Pre-pass      {pre['total_s'] * 1e3:.1f} ms in {_n(pre['ordered_steps'])}"
                      f" ordered steps ({pre['per_step_s'] * 1e3:.3f} ms each), "
                      f"{pre['share_of_window']:.3%} of the window{share_step}")
+    return lines
+
+
+def _render_tenants(
+    tenants: Mapping[str, Mapping[str, Any]] | None, counters: Mapping[str, Any] | None
+) -> list[str]:
+    """One line per tenant label (prefill tokens and share, waiting, TTFT), then the trace's
+    tenant counters; nothing without tenants."""
+    lines = []
+    for tenant, row in (tenants or {}).items():
+        share = "n/a" if row["share"] is None else f"{row['share']:.1%}"
+        lines.append(f"  Tenant {tenant:<6} prefill {_n(row['prefill_tokens'])} tokens ({share})"
+                     f"; waiting {_n(row['waiting_now'])} now, up to {_n(row['waiting_max'])}"
+                     f"; TTFT {_lat(row['ttft'])}")
+    if counters is not None:
+        values = ", ".join(f"{t} {_n(v)}" for t, v in counters["counters"].items())
+        lines.append(f"  Counters      {values} (uncached tokens / weight, above the lowest; "
+                     f"decision trace step {counters['step']})")
     return lines
 
 
@@ -481,12 +591,19 @@ def _s(seconds: float | None) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def inspect(url: str, window_s: float = 60.0, **kwargs: Any) -> dict[str, Any]:
-    """Observe `url` for `window_s` seconds and return the report (see `summarize`)."""
-    return summarize(observe(url, window_s, **kwargs))
+def inspect(
+    url: str, window_s: float = 60.0, *, decision_trace: str | Path | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """Observe `url` for `window_s` seconds and return the report (see `summarize`); with
+    `decision_trace`, also its last tenant counters (`tenant_counters`, None when absent)."""
+    report = summarize(observe(url, window_s, **kwargs))
+    if decision_trace is not None:
+        report["tenant_counters"] = trace_tenant_counters(decision_trace)
+    return report
 
 
 __all__ = [
     "SERIES", "SPREAD_THRESHOLD", "InspectError", "fetch_metrics", "inspect", "metrics_url",
-    "observe", "parse", "quantile", "render", "summarize",
+    "observe", "parse", "quantile", "render", "summarize", "tenant_order",
+    "trace_tenant_counters",
 ]

@@ -12,6 +12,7 @@ Record (one JSON object per line)::
     {"step": 120, "time_s": 1764510000.12, "policy": "fairway", "ordered": true,
      "queue_len": 37, "fixed": 0, "admitted": ["r7", "r3"],
      "ledgers": {"fair_deficit": 120, ...}, "share": {"front_id": "r3", "cap": 384, ...},
+     "tenant_counters": {"default": 0.0, "team-a": 512.0},
      "head": [{"pos": 0, "id": "r7", "lane": "fast", "L": 1088, "h": 1024, "c": 64,
                "wait_s": 0.41, "score": 16.4, "admitted": true}, ...]}
 
@@ -19,7 +20,10 @@ Record (one JSON object per line)::
 `fixed` counts preempted requests vLLM keeps at the front, before `head`. `ledgers` (the policy's
 `Policy.ledgers()`, after this step was booked) and `share` (a step-planning policy's
 `StepPlan`: the Fair front, the step's per-request cap, held-back prefills, ...) are null for
-policies without them.
+policies without them. `tenant_counters` (only with the `tenants` option, only for a policy that
+keeps them: `fairway`; absent when empty) maps each tenant present at the top priority level to
+its counter, uncached tokens served over its weight relative to the lowest (`default` also pools
+the unlisted names).
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class DecisionTrace:
         num_fixed: int,
         admitted: Sequence[str],
         scheduled: Mapping[str, int] | set[str],
+        tenant_names: Sequence[str] = (),
     ) -> bool:
         """Write a record if this is the N-th step with a queue; returns whether it wrote.
 
@@ -126,6 +131,8 @@ class DecisionTrace:
             num_fixed: preempted requests kept ahead of the order.
             admitted: ids vLLM admitted from the waiting queue this step, in order.
             scheduled: ids scheduled this step (any request).
+            tenant_names: the name of each tenant code (`TenantTable.names`; empty: no tenants),
+                for the policy's `tenant_counters` (written only when non-empty).
         """
         self._steps += 1
         if (self._steps - 1) % self.settings.every:
@@ -134,20 +141,22 @@ class DecisionTrace:
             _head(policy, views, order, lanes, now, self.settings.head, scheduled)
             if ordered else []
         )
-        self.writer.write(
-            {
-                "step": self._steps,
-                "time_s": round(now, 6),
-                "policy": policy.name,
-                "ordered": ordered,
-                "queue_len": num_fixed + len(views) if ordered else None,
-                "fixed": num_fixed,
-                "admitted": list(admitted),
-                "ledgers": _ledgers(policy),
-                "share": _plan(plan) if ordered else None,
-                "head": head,
-            }
-        )
+        record: dict[str, Any] = {
+            "step": self._steps,
+            "time_s": round(now, 6),
+            "policy": policy.name,
+            "ordered": ordered,
+            "queue_len": num_fixed + len(views) if ordered else None,
+            "fixed": num_fixed,
+            "admitted": list(admitted),
+            "ledgers": _ledgers(policy),
+            "share": _plan(plan) if ordered else None,
+        }
+        counters = tenant_counters(policy, tenant_names)
+        if counters:
+            record["tenant_counters"] = counters
+        record["head"] = head
+        self.writer.write(record)
         self.records += 1
         return True
 
@@ -185,6 +194,18 @@ def _head(
             }
         )
     return rows
+
+
+def tenant_counters(policy: Policy, names: Sequence[str]) -> dict[str, float | int | None]:
+    """The policy's tenant counters (`FairwayPolicy.tenant_counters`: code -> counter) by tenant
+    name; empty without tenants, for a policy without counters, or after a one-class step."""
+    get = getattr(policy, "tenant_counters", None) if names else None
+    if not callable(get):
+        return {}
+    return {
+        names[code] if 0 <= code < len(names) else str(code): _finite(value)
+        for code, value in get().items()
+    }
 
 
 def _ledgers(policy: Policy) -> dict[str, float | int | None] | None:

@@ -12,17 +12,30 @@ extra flag, no plugin. Without the variable the series still exist inside the En
 
 Hot path: the scheduler updates a plain `FairwayStats` dataclass (integer adds); `FairwayMetrics`
 drains it into the Prometheus objects once per step, only when vLLM's `log_stats` is on.
+
+Tenants. Only when the `tenants` option lists any (`TenantTable.enabled`), three more series carry a
+`tenant` label whose values are exactly `TenantTable.labels()` (`default`, the listed names,
+`other` for any unlisted name a request sends: bounded by the configuration):
+`fairway:tenant_prefill_tokens_total`, `fairway:tenant_waiting_requests` and
+`fairway:tenant_time_to_first_token_seconds`. Their collectors are created on first use
+(`tenant_collectors`), so a server without tenants exposes no tenant series at all, not even
+their HELP lines. A request's label is looked up once and cached by request id while it lives
+(`TenantLabels`).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections import Counter as _Tally
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from fairway.tenants import OTHER_LABEL, TenantTable
 
 #: The environment variable that switches prometheus_client to multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -31,6 +44,8 @@ LABELS = ("model_name", "engine", "policy")
 LANES = ("fast", "fair", "single")
 #: Lanes of `fairway:lane_prefill_tokens_total` (policies that plan steps only).
 PLAN_LANES = ("fast", "fair")
+#: The label of the per-tenant series (values: `TenantTable.labels()`).
+TENANT_LABEL = "tenant"
 _PREPASS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 
 
@@ -82,12 +97,18 @@ class FairwayStats:
     )
     #: Age in seconds of the oldest waiting request at the last step (0: none waited).
     oldest_waiting_age_s: float | None = None
+    #: Prefill tokens vLLM scheduled per tenant label (empty unless tenants are configured).
+    tenant_prefill_tokens: dict[str, int] = field(default_factory=dict)
+    #: Requests in vLLM's waiting queue per tenant label after the last step (None: not counted;
+    #: counted only with tenants configured and the metrics on).
+    tenant_waiting: dict[str, int] | None = None
 
     def take(self) -> FairwayStats:
         """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
         taken = FairwayStats(**{name: getattr(self, name) for name in _STATS_FIELDS})
         self.placed = dict.fromkeys(LANES, 0)  # `taken` keeps the old containers
         self.lane_prefill_tokens = dict.fromkeys(PLAN_LANES, 0)
+        self.tenant_prefill_tokens = dict.fromkeys(taken.tenant_prefill_tokens, 0)
         self.prepass_s = []
         self.reset()
         return taken
@@ -101,8 +122,12 @@ class FairwayStats:
             placed[lane] = 0
         for lane in lane_tokens:
             lane_tokens[lane] = 0
+        tenant_tokens = self.tenant_prefill_tokens
+        for tenant in tenant_tokens:
+            tenant_tokens[tenant] = 0
         self.prepass_s.clear()
         self.oldest_waiting_age_s = None
+        self.tenant_waiting = None
 
     def add(self, other: FairwayStats) -> None:
         """Accumulate `other` into this object (running totals for tests and the replay)."""
@@ -116,6 +141,10 @@ class FairwayStats:
             self.lane_prefill_tokens[lane] = self.lane_prefill_tokens.get(lane, 0) + n
         if other.oldest_waiting_age_s is not None:
             self.oldest_waiting_age_s = other.oldest_waiting_age_s
+        for tenant, n in other.tenant_prefill_tokens.items():
+            self.tenant_prefill_tokens[tenant] = self.tenant_prefill_tokens.get(tenant, 0) + n
+        if other.tenant_waiting is not None:
+            self.tenant_waiting = dict(other.tenant_waiting)
         self.prepass_total_s += other.prepass_total_s + sum(other.prepass_s)
         self.prepass_count += other.prepass_count + len(other.prepass_s)
         if other.queue_work_max_tokens is not None:
@@ -218,6 +247,14 @@ class FairwayMetrics:
             counter.inc(0)
         for counter in (*self._placed.values(), *self._lane_tokens.values()):
             counter.inc(0)
+        #: The per-tenant series (None: no tenants configured; see `enable_tenants`).
+        self.tenants: TenantMetrics | None = None
+
+    def enable_tenants(self, table: TenantTable) -> TenantMetrics | None:
+        """Create the per-tenant series of `table`'s labels (nothing when it lists no tenant)."""
+        if table.enabled and self.tenants is None:
+            self.tenants = TenantMetrics(self.labels, table.labels())
+        return self.tenants
 
     def record(self, stats: FairwayStats) -> None:
         """Add one drained `FairwayStats` to the series."""
@@ -242,6 +279,8 @@ class FairwayMetrics:
         if stats.queue_work_max_tokens is not None:
             self._work_max.set(stats.queue_work_max_tokens)
             self._work_min.set(stats.queue_work_min_tokens or 0)
+        if self.tenants is not None:
+            self.tenants.record(stats.tenant_prefill_tokens, stats.tenant_waiting)
 
 
 # --- queue time and TTFT by cache hit/miss and lane -----------------------------------------------
@@ -312,3 +351,117 @@ class LatencyMetrics:
     def observe_ttft(self, cache: str, seconds: float) -> None:
         """One first token: its time from arrival."""
         self._ttft[cache].observe(max(seconds, 0.0))
+
+
+# --- per tenant (only with the `tenants` option) -------------------------------------------------
+
+_tenant_collectors: dict[str, Any] | None = None
+
+
+def tenant_collectors() -> dict[str, Any]:
+    """The per-tenant series (created on first use: only a scheduler with tenants calls it, so a
+    one-tenant server's registry holds none of them)."""
+    global _tenant_collectors
+    if _tenant_collectors is None:
+        _tenant_collectors = {
+            "prefill": Counter(
+                "fairway:tenant_prefill_tokens",
+                "Prompt tokens vLLM scheduled for each tenant's requests (tenant: a name listed "
+                "in option tenants, default without one, other for an unlisted name).",
+                (*LABELS, TENANT_LABEL),
+            ),
+            "waiting": Gauge(
+                "fairway:tenant_waiting_requests",
+                "Requests of each tenant in vLLM's waiting queue after the last step.",
+                (*LABELS, TENANT_LABEL),
+                multiprocess_mode="mostrecent",
+            ),
+            "ttft": Histogram(
+                "fairway:tenant_time_to_first_token_seconds",
+                "Seconds from arrival to the step whose output carries the first token (the "
+                "step that finished the prefill), from the scheduler, by tenant.",
+                (*LABELS, TENANT_LABEL),
+                buckets=LATENCY_BUCKETS,
+            ),
+        }
+    return _tenant_collectors
+
+
+class TenantMetrics:
+    """The per-tenant series of one scheduler: one child per label of `tenants`, created at 0."""
+
+    def __init__(self, labels: Mapping[str, str], tenants: Sequence[str]) -> None:
+        series = tenant_collectors()
+        values = tuple(labels[name] for name in LABELS)
+        self.tenants = tuple(tenants)
+        self._prefill = {t: series["prefill"].labels(*values, t) for t in self.tenants}
+        self._waiting = {t: series["waiting"].labels(*values, t) for t in self.tenants}
+        self._ttft = {t: series["ttft"].labels(*values, t) for t in self.tenants}
+        for counter in self._prefill.values():
+            counter.inc(0)
+        for gauge in self._waiting.values():
+            gauge.set(0)
+
+    def record(self, prefill: Mapping[str, int], waiting: Mapping[str, int] | None) -> None:
+        """One drained step: prefill tokens per label; the waiting counts when counted."""
+        for tenant, n in prefill.items():
+            if n:
+                self._prefill.get(tenant, self._prefill[OTHER_LABEL]).inc(n)
+        if waiting is not None:
+            for tenant, gauge in self._waiting.items():
+                gauge.set(waiting.get(tenant, 0))
+
+    def observe_ttft(self, tenant: str, seconds: float) -> None:
+        """One first token of a request of `tenant` (its label): its time from arrival."""
+        self._ttft.get(tenant, self._ttft[OTHER_LABEL]).observe(max(seconds, 0.0))
+
+
+_request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
+
+
+class TenantLabels:
+    """Request id -> tenant label (`TenantTable.label_of` of what the request names), computed
+    once per request and cached while it lives; `prune` keeps the cache within about twice the
+    live requests.
+
+    Args:
+        table: the configured tenants.
+        tenant_of: `request -> the tenant name it carries` (`internals.request_tenant`).
+    """
+
+    def __init__(self, table: TenantTable, tenant_of: Callable[[Any], object]) -> None:
+        self.table = table
+        self.labels = table.labels()
+        self._tenant_of = tenant_of
+        self._label_of = table.label_of
+        self.cache: dict[str, str] = {}
+
+    def of(self, request: Any) -> str:
+        """The label of `request` (vLLM's `Request`, by its `request_id`)."""
+        request_id = request.request_id  # vLLM internal: Request.request_id
+        label = self.cache.get(request_id)
+        if label is None:
+            label = self.cache[request_id] = self._label_of(self._tenant_of(request))
+        return label
+
+    def count(self, requests: Collection[Any]) -> dict[str, int]:
+        """Requests per label (every label present, 0 when none); C-level loops over the cached
+        ones (the waiting queue, every step), a second pass only when some are not cached yet."""
+        counts = dict.fromkeys(self.labels, 0)
+        cache = self.cache
+        missing = 0
+        for label, n in _Tally(map(cache.get, map(_request_id, requests))).items():
+            if label is None:
+                missing = n
+            else:
+                counts[label] += n
+        if missing:
+            for request in requests:
+                if request.request_id not in cache:  # vLLM internal: Request.request_id
+                    counts[self.of(request)] += 1
+        return counts
+
+    def prune(self, live: Container[str], num_live: int) -> None:
+        """Forget the ids not in `live` once the cache holds more than 2 x `num_live` + 64."""
+        if len(self.cache) > 2 * num_live + 64:
+            self.cache = {rid: label for rid, label in self.cache.items() if rid in live}

@@ -12,6 +12,10 @@ Definitions (the same as the reports'):
     hit: cached prefix at admission (vLLM's `num_computed_tokens` of the new request) >= half
         of the prompt; miss otherwise. Times are on `fairway_clock`, the clock of
         `Request.arrival_time`.
+
+With tenants configured the same TTFT is also observed by tenant
+(`fairway:tenant_time_to_first_token_seconds`, the label from the pre-pass's `TenantLabels`), and
+the decision trace records `fairway`'s tenant counters (`tenant_counters`, by tenant name).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fairway.errors import FairwayConfigError
 from fairway.vllm import internals
 from fairway.vllm.decisions import DecisionTrace, TraceSettings
-from fairway.vllm.metrics import NO_LANE, LatencyMetrics, cache_label
+from fairway.vllm.metrics import NO_LANE, LatencyMetrics, TenantLabels, TenantMetrics, cache_label
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -32,13 +36,27 @@ class StepObserver:
     """Hooks of one Fairway scheduler; see the module docstring."""
 
     def __init__(
-        self, scheduler: Any, latency: LatencyMetrics | None, trace: DecisionTrace | None
+        self,
+        scheduler: Any,
+        latency: LatencyMetrics | None,
+        trace: DecisionTrace | None,
+        tenants: TenantMetrics | None = None,
+        tenant_labels: TenantLabels | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.latency = latency
         self.trace = trace
+        #: Per-tenant TTFT (with `tenant_labels`; None: no tenants or no metrics).
+        self.tenants = tenants if tenant_labels is not None else None
+        self.tenant_labels = tenant_labels
+        #: Tenant name of each code, for the trace's `tenant_counters` (code 0: `default`).
+        self.tenant_names: tuple[str, ...] = (
+            tenant_labels.table.names if tenant_labels is not None else ()
+        )
         #: Admitted requests still waiting for their first token: id -> (request, cache label).
         self.pending: dict[str, tuple[Request, str]] = {}
+        #: The tenant label of each pending request (only with per-tenant TTFT on).
+        self.pending_tenants: dict[str, str] = {}
         self._updates = 0  # since the last check of every pending request
 
     def after_schedule(self, output: SchedulerOutput, placed: Any) -> None:
@@ -49,6 +67,8 @@ class StepObserver:
             new = internals.new_requests(sched, output)
             if self.latency is not None and new:
                 lanes = _lanes_by_id(placed)
+                labels = self.tenant_labels if self.tenants is not None else None
+                pending_tenants = self.pending_tenants
                 for request_id, request, computed in new:
                     if request.num_preemptions:  # resumed, not a first admission
                         continue
@@ -56,6 +76,8 @@ class StepObserver:
                     lane = lanes.get(request_id, NO_LANE)
                     self.latency.observe_queue(cache, lane, now - request.arrival_time)
                     self.pending[request_id] = (request, cache)
+                    if labels is not None:
+                        pending_tenants[request_id] = labels.of(request)
             if self.trace is not None:
                 self._trace(self.trace, output, placed, now, [rid for rid, _, _ in new])
         except Exception as exc:  # noqa: BLE001 - reporting must never stop the engine
@@ -78,6 +100,7 @@ class StepObserver:
         if not pending or latency is None:  # only first admissions with metrics are pending
             return
         sched = self.scheduler
+        tenants_of, tenant_ttft = self.pending_tenants, self.tenants
         try:
             now = sched.fairway_clock()
             self._updates += 1
@@ -91,12 +114,19 @@ class StepObserver:
                     continue
                 request, cache = entry
                 if request.num_output_tokens > 0:
-                    latency.observe_ttft(cache, now - request.arrival_time)
+                    seconds = now - request.arrival_time
+                    latency.observe_ttft(cache, seconds)
                     del pending[request_id]
+                    tenant = tenants_of.pop(request_id, None) if tenants_of else None
+                    if tenant is not None and tenant_ttft is not None:
+                        tenant_ttft.observe_ttft(tenant, seconds)
                 elif request.is_finished():  # aborted or failed before its first token
                     del pending[request_id]
+                    if tenants_of:
+                        tenants_of.pop(request_id, None)
         except Exception as exc:  # noqa: BLE001
             pending.clear()
+            tenants_of.clear()
             sched.fairway_fallback(exc, "recording TTFT", "the step's output is unchanged")
 
     def _trace(
@@ -124,6 +154,7 @@ class StepObserver:
             num_fixed=getattr(placed, "num_fixed", 0),
             admitted=[*new, *sorted(resumed)],
             scheduled=scheduled,
+            tenant_names=self.tenant_names,
         )
 
     def close(self) -> None:
@@ -146,6 +177,8 @@ def for_scheduler(scheduler: Any) -> StepObserver | None:
     """The observer of `scheduler`, or None when neither the metrics nor the trace are on."""
     metrics = scheduler.fairway_metrics
     latency = LatencyMetrics(metrics.labels) if metrics is not None else None
+    tenants = metrics.tenants if metrics is not None else None
+    tenant_labels = scheduler.fairway_prepass.tenant_labels
     settings = trace_settings(scheduler.fairway_options)
     trace: DecisionTrace | None = None
     if settings is not None:
@@ -158,7 +191,7 @@ def for_scheduler(scheduler: Any) -> StepObserver | None:
             ) from None
     if latency is None and trace is None:
         return None
-    return StepObserver(scheduler, latency, trace)
+    return StepObserver(scheduler, latency, trace, tenants, tenant_labels)
 
 
 def trace_settings(options: Any) -> TraceSettings | None:

@@ -31,7 +31,7 @@ from fairway.policies.queue import (
     check_order,
 )
 from fairway.vllm import internals, protect, step_plan
-from fairway.vllm.metrics import FairwayMetrics, FairwayStats
+from fairway.vllm.metrics import FairwayMetrics, FairwayStats, TenantLabels
 from fairway.vllm.probe import PrefixProbe
 
 if TYPE_CHECKING:
@@ -82,6 +82,8 @@ class StepPrepass:
         step_plan / last_plan: the plan of the step in progress / of the last planned step
             (None after an idle step).
         last: the policy's input and output at the last ordered step.
+        tenant_labels: request -> tenant label, cached per request id (None: no tenants
+            configured, and no per-tenant counting at all).
     """
 
     def __init__(
@@ -117,6 +119,12 @@ class StepPrepass:
         self.last_plan: StepPlan | None = None
         #: Weight by tenant code (`Step.tenant_weights`).
         self.tenant_weights = options.tenant_table.code_weights
+        tenants = options.tenant_table
+        self.tenant_labels: TenantLabels | None = None
+        if tenants.enabled:
+            self.tenant_labels = TenantLabels(tenants, internals.request_tenant)
+            if metrics is not None:
+                metrics.enable_tenants(tenants)
 
     # --- before the step --------------------------------------------------------------------------
 
@@ -250,8 +258,9 @@ class StepPrepass:
             self.fallback(exc, "applying the step plan", "vLLM's split is kept")
             return None
 
-    def book_plan(self, output: SchedulerOutput, admitted_ids: list[str]) -> None:
-        """Give the policy the prefill tokens vLLM scheduled per request; count them by lane."""
+    def book_plan(self, output: SchedulerOutput, admitted_ids: list[str]) -> dict[str, int]:
+        """Give the policy the prefill tokens vLLM scheduled per request; count them by lane.
+        Returns them (request id -> prefill tokens)."""
         plan = self.step_plan
         assert plan is not None
         by_request = internals.prefill_by_request(self.scheduler, output)
@@ -262,6 +271,30 @@ class StepPrepass:
         lane_tokens = self.stats.lane_prefill_tokens
         lane_tokens["fair"] += fair
         lane_tokens["fast"] += total - fair
+        return by_request
+
+    def book_tenants(
+        self, labels: TenantLabels, output: SchedulerOutput, by_request: dict[str, int] | None
+    ) -> None:
+        """Count the step's prefill tokens per tenant label and, with the metrics on, the waiting
+        requests per label (tenants configured only). Never raises."""
+        try:
+            requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
+            if by_request is None:
+                by_request = internals.prefill_by_request(self.scheduler, output)
+            tokens = self.stats.tenant_prefill_tokens
+            of = labels.of
+            for request_id, n in by_request.items():
+                request = requests.get(request_id)
+                if request is not None and n:
+                    label = of(request)
+                    tokens[label] = tokens.get(label, 0) + n
+            if self.metrics is not None:
+                self.stats.tenant_waiting = labels.count(internals.waiting_queue(self.scheduler))
+            labels.prune(requests, len(requests))
+        except Exception as exc:  # noqa: BLE001
+            self.fallback(exc, "counting tokens and waiting requests per tenant",
+                          "the tenant series miss this step")
 
     def reject(self, request: Request) -> None:
         """Finish a request that can never fit (once); it already sits behind everyone."""
@@ -314,6 +347,7 @@ class StepPrepass:
     ) -> None:
         """Tell the policy what was admitted; forget who left; publish stats. Never raises."""
         stats = self.stats
+        by_request: dict[str, int] | None = None
         try:
             started = internals.started_ids(output)
             if started:  # they left the waiting queue
@@ -328,14 +362,17 @@ class StepPrepass:
                 stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
             admitted_ids = [r.request_id for r in admitted]  # vLLM internal: Request.request_id
             if self.step_plan is not None:
-                self.book_plan(output, admitted_ids)
+                by_request = self.book_plan(output, admitted_ids)
             elif placed is not None:
                 prefill = internals.prefill_tokens(self.scheduler, output)
                 self.policy.on_step_end(admitted_ids, prefill)
             self.trim()
         except Exception as exc:  # noqa: BLE001
             self.fallback(exc, "finishing the step", "the step's output is unchanged")
-        if self.metrics is not None or self.ran:
+        labels = self.tenant_labels
+        if labels is not None:
+            self.book_tenants(labels, output, by_request)
+        if self.metrics is not None or self.ran or labels is not None:
             if self.metrics is not None:
                 self.metrics.record(stats)
             self.totals.add(stats)

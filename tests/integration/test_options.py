@@ -177,9 +177,21 @@ def test_plugin_stops_a_bad_vllm_serve_command():
     plugin.check_serve_command(argv[:3], {"FAIRWAY_FASTWEIGHT": "1"})  # not Fairway's: no check
 
 
-def test_priority_queue_is_refused(offline):
-    with pytest.raises(FairwayConfigError, match="--scheduling-policy fcfs"):
-        offline.make_offline_scheduler("fcfs", scheduling_policy="priority")
+def test_priority_scheduling_orders_levels_first(offline, helpers):
+    """Under --scheduling-policy priority the waiting heap is vLLM's FCFS deque, ordered with
+    the priority levels first (lower first, as vLLM), so a later request of a higher level
+    starts first; the scheduler still preempts by priority (`scheduler.policy` is vLLM's)."""
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
+
+    sched = offline.make_offline_scheduler(
+        "fcfs", scheduling_policy="priority", max_num_batched_tokens=64, max_num_seqs=1
+    )
+    assert isinstance(sched.waiting, FCFSRequestQueue)
+    assert sched.policy == SchedulingPolicy.PRIORITY
+    sched.add_request(offline.make_request("late-low", helpers.tokens(1, 40), 1.0, priority=1))
+    sched.add_request(offline.make_request("later-high", helpers.tokens(9, 40), 2.0, priority=0))
+    out, _ = offline.step(sched)
+    assert list(out.num_scheduled_tokens) == ["later-high"]
 
 
 def test_cache_aware_policy_needs_prefix_caching(offline):

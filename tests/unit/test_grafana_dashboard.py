@@ -19,7 +19,8 @@ _SUFFIXES = {Counter: ("_total",), Gauge: ("",), Histogram: ("_bucket", "_sum", 
 def _fairway_samples() -> set[str]:
     """Sample names of every `fairway:` collector (counter foo -> foo_total, ...)."""
     names = set()
-    collectors = {**metrics.collectors(), **metrics.latency_collectors()}
+    collectors = {**metrics.collectors(), **metrics.latency_collectors(),
+                  **{f"tenant_{k}": v for k, v in metrics.tenant_collectors().items()}}
     for collector in collectors.values():
         for kind, suffixes in _SUFFIXES.items():
             if isinstance(collector, kind):
@@ -71,6 +72,9 @@ def test_every_expression_names_an_existing_series():
     assert {"fairway:ttft_seconds_bucket", "fairway:queue_time_seconds_bucket",
             "fairway:queue_work_max_tokens", "fairway:oldest_waiting_age_seconds",
             "fairway:lane_prefill_tokens_total", "vllm:time_to_first_token_seconds_bucket"} <= used
+    # the per-tenant series (option tenants)
+    assert {"fairway:tenant_prefill_tokens_total", "fairway:tenant_waiting_requests",
+            "fairway:tenant_time_to_first_token_seconds_bucket"} <= used
 
 
 def test_the_name_check_can_fail():
