@@ -14,7 +14,9 @@
    a private Hugging Face cache, so they resolve offline: the scheduler tests read the config,
    never weights. The tokenizer is Fairway's byte-level stand-in;
 5. run pytest with the `fairway_compat` plugin, which substitutes FairwayScheduler /
-   FairwayAsyncScheduler (policy fcfs) in upstream's `create_scheduler` harnesses.
+   FairwayAsyncScheduler (policy fcfs) in upstream's `create_scheduler` harnesses and in the
+   builders of upstream's priority-scheduling tests (`create_scheduler_with_priority`, ...:
+   `--scheduling-policy priority`, the levels first, each in the policy's order).
 
 Usage: run_compat.py [--policy fcfs] [--tests PATH ...] [-k EXPR] [-- PYTEST_ARGS...]
 Exit code: pytest's (0 when nothing failed; skips are reported with their reasons).
@@ -46,6 +48,7 @@ DEFAULT_TESTS = (
     "tests/v1/core/test_worker_slot_overflow.py",
     "tests/v1/core/test_swa_inflight_window_free.py",
     "tests/v1/core/test_priority_preemption_bug.py",
+    "tests/v1/core/test_priority_scheduler_random.py",
     "tests/v1/kv_connector/unit/test_remote_decode_lifecycle.py",
     "tests/v1/kv_connector/unit/test_remote_prefill_lifecycle.py",
     "tests/v1/kv_connector/unit/test_kv_connector_lifecycle.py",

@@ -287,6 +287,10 @@ class QueueSlots:
             split = start - len(last)  # where the tail starts within the arrivals, if >= 0
             if current[head] is not (last[start] if split < 0 else arrivals[split]):
                 continue
+            if split < 0 and self.slot_of.get(last[start]) != self._last_slots[start]:
+                # it left (its slot freed, maybe reused) and came back to the head: vLLM's
+                # preemption or a prefix-cache reset; found by make_compat's priority tests
+                continue
             if not _equal_tail(current, head, last, start, arrivals, split):
                 continue
             slot_get = self.slot_of.get
