@@ -214,11 +214,12 @@ class FairwayPolicy(FastLanePolicy):
     stateful: ClassVar[bool] = True
     plans_steps: ClassVar[bool] = True
 
-    #: Tenants (with the `tenants` option): how far a tenant's counter may fall behind the
-    #: leader's of its priority level, in step budgets (>= 0): a tenant that used less than its
-    #: share, or returns after a pause, is served first for up to this much work (its requests
-    #: then see the step as when alone), and no more (a backlogged tenant loses at most that
-    #: much against its share).
+    #: Tenants (with the `tenants` option): the credit, in step budgets (>= 0): a tenant that
+    #: used less than its share, or returns after a pause, is served first for up to this much
+    #: work (its requests then see the step as when alone), and a backlogged tenant loses at most
+    #: that much (plus two steps) against its share. 0: shares within a chunk over any 10
+    #: contested steps; 12: the light tenant of E6's `tenants` at 1.11 x its p99 alone against
+    #: 3.56 x with 0 (docs/design.md, "Priority levels and tenants").
     tenant_credit_steps: float = 12.0
 
     def __post_init__(self) -> None:
@@ -252,8 +253,9 @@ class FairwayPolicy(FastLanePolicy):
     _tenants_contend: bool = field(init=False, repr=False, default=False)
     #: The share class of every request of the last step, when it had one class.
     _single_class: int | None = field(init=False, repr=False, default=None)
-    #: `tenant_credit_steps` in tokens at the last classed step.
+    #: `tenant_credit_steps` in tokens, and the step's budget, at the last classed step.
     _credit: float = field(init=False, repr=False, default=0.0)
+    _step_tokens: int = field(init=False, repr=False, default=0)
 
     # --- the rule ---------------------------------------------------------------------------------
 
@@ -531,7 +533,8 @@ class FairwayPolicy(FastLanePolicy):
         before = self._present
         served = self._served
         budget = step.budget
-        self._credit = self.tenant_credit_steps * (budget.tokens if budget is not None else 0)
+        self._step_tokens = budget.tokens if budget is not None else 0
+        self._credit = self.tenant_credit_steps * self._step_tokens
         credit = self._credit / self._class_weight
         for present in levels.values():
             staying = [c for c in present if before is not None and c in before]
@@ -704,9 +707,13 @@ class FairwayPolicy(FastLanePolicy):
         for (lvl, _), code in self._class_code.items():
             if code in present:
                 by_level.setdefault(lvl, []).append(code)
-        for codes in by_level.values():  # no tenant falls further behind than its credit
+        # no tenant falls further behind than its credit and one step: with less than a step
+        # of lag kept, a tenant that got nothing in a step (its tie lost to a long running
+        # prefill) would be even again at the next one, and lose it again
+        for codes in by_level.values():
             lead = served[codes].max()
-            served[codes] = np.maximum(served[codes], lead - self._credit / weight[codes])
+            keep = (self._credit + self._step_tokens) / weight[codes]
+            served[codes] = np.maximum(served[codes], lead - keep)
 
     def tenant_counters(self) -> dict[int, float]:
         """Tenant code -> counter (uncached tokens over weight, relative to the lowest) of the

@@ -122,6 +122,9 @@ COMMANDS: dict[str, Entry] = {
     "vllm.entrypoints.openai.api_server --model MODEL --scheduler-cls "
     "fairway.vllm.scheduler.FairwayScheduler --enable-prefix-caching":
         Entry("PARSE", _SERVER),
+    "fairway serve MODEL --fairway-option tenants='{\"team-a\": 2, \"team-b\": 1}' "
+    "[vLLM args ...]":
+        Entry("PARSE", _SERVER, _VLLM_ARGS, where=_ACTIVATED),
     ".venv/bin/fairway serve MODEL --fairway-option decision_trace=decisions.jsonl "
     "--fairway-option decision_trace_every=10":
         Entry("PARSE", _SERVER),
