@@ -212,7 +212,8 @@ def goals(results: dict[str, Any]) -> list[str]:
         light = t["classes"].get("light", {})
         ratio = light.get("p99_over_alone", float("nan"))
         lines.append(f"tenants: light p99 / alone {ratio:.2f} "
-                     f"(goal <= 1.2); worst 10-step shortfall {_num(t['shortfall_tokens'], 0)} tokens "
+                     f"(goal <= 1.2); worst 10-step shortfall "
+                     f"{_num(t['shortfall_tokens'], 0)} tokens "
                      f"(goal <= {BUDGET}); tokens / LPM's {_num(t['tokens_over_lpm'], 3)} "
                      "(goal <= 1.02)")
     m = results.get("tenants-mixed", {}).get("policies", {})

@@ -84,16 +84,25 @@ FAIRWAY_SCHEDULER_CLASSES = {
 }
 
 
+#: The vLLM queue policies (`--scheduling-policy`) Fairway runs on; the first is the default.
+QUEUE_POLICIES = ("fcfs", "priority")
+
+
 def queue_flags(vllm_args: list[str], options: FairwayOptions) -> list[str]:
-    """--scheduling-policy fcfs and --enable-prefix-caching unless given (conflicts rejected)."""
+    """--scheduling-policy fcfs and --enable-prefix-caching unless given (conflicts rejected).
+
+    A given `--scheduling-policy` stays as it is when it is fcfs or priority (Fairway orders the
+    waiting queue inside vLLM's priority levels, lower first); any other value is refused.
+    """
     flags: list[str] = []
     queue_policy = flag_value(vllm_args, "scheduling-policy")
     if queue_policy is None:
-        flags += ["--scheduling-policy", "fcfs"]
-    elif queue_policy != "fcfs":
+        flags += ["--scheduling-policy", QUEUE_POLICIES[0]]
+    elif queue_policy not in QUEUE_POLICIES:
         raise FairwayConfigError(
-            f"--scheduling-policy {queue_policy}: Fairway re-orders vLLM's FCFS waiting queue; "
-            "drop the flag (fairway serve sets --scheduling-policy fcfs)"
+            f"--scheduling-policy {queue_policy}: Fairway re-orders vLLM's waiting queue and runs "
+            "on --scheduling-policy fcfs (the default) or priority (vLLM's per-request priority "
+            "levels, lower first, each ordered by the Fairway policy)"
         )
     caching = bool_flag(vllm_args, "enable-prefix-caching")
     if caching is None:

@@ -2,8 +2,9 @@
 
 A thin wrapper: it builds Fairway's options the way the server will (`fairway.options`: the
 `--additional-config` section, then its flags, then `FAIRWAY_*`), so a typo fails in a second, not
-after model loading; then it runs `vllm serve` with the scheduler class, the FCFS queue, prefix
-caching and `--additional-config '{"fairway": {...}}'`. Every other argument goes to vLLM
+after model loading; then it runs `vllm serve` with the scheduler class, the FCFS queue (or the
+priority queue, when `--scheduling-policy priority` is given), prefix caching and
+`--additional-config '{"fairway": {...}}'`. Every other argument goes to vLLM
 untouched. The command is built by a pure function (`plan_serve`) that the unit tests call
 without vLLM. Module level imports stay light: `fairway --help` must not load vLLM. The checks of
 the engine flags live in `fairway.vllm_argv`, which runs them on a plain `vllm serve` line too.
@@ -52,7 +53,9 @@ def register(subparsers: Any) -> None:
         "serve",
         help="run `vllm serve` with Fairway's scheduler",
         description="Run `vllm serve MODEL` with --scheduler-cls FairwayScheduler (it follows "
-        "vLLM's async-scheduling setting), --scheduling-policy fcfs, "
+        "vLLM's async-scheduling setting), --scheduling-policy fcfs (unless "
+        "--scheduling-policy priority is given: vLLM's per-request priority levels, lower first, "
+        "each ordered by the policy; no other value is accepted), "
         "--enable-prefix-caching and Fairway's options in --additional-config. Fairway's options "
         "are checked before vLLM starts. Any other argument is passed to vLLM unchanged "
         "(see `vllm serve --help`). FAIRWAY_<KEY> environment variables override every option; "
@@ -230,6 +233,7 @@ def _given_settings(args: argparse.Namespace, section: Any) -> list[Setting]:
     given += policy_arg_settings(parse_policy_args(args.policy_arg), [policy])[policy]
     for item in args.fairway_option:
         key, value = parse_key_value(item, "--fairway-option")
+        _check_json_value(key, item)
         if key not in SERVING_OPTIONS:
             raise FairwayConfigError(
                 f"--fairway-option {key}=...: unknown option; options: "
@@ -246,6 +250,25 @@ def _given_settings(args: argparse.Namespace, section: Any) -> list[Setting]:
             )
         given.append(Setting("profile", _profile_ref(args.profile), "--profile"))
     return given
+
+
+def _check_json_value(key: str, item: str) -> None:
+    """A `--fairway-option KEY=VALUE` whose VALUE opens a JSON list or object must be valid JSON.
+
+    `parse_value` keeps text that does not parse as JSON, so `tenants=[a,b]` (the shell ate the
+    quotes) would otherwise reach the option's check as the string '[a,b]'.
+    """
+    raw = item.partition("=")[2].strip()
+    if not raw.startswith(("[", "{")):
+        return
+    try:
+        json.loads(raw)
+    except ValueError as exc:
+        raise FairwayConfigError(
+            f"--fairway-option {key}={raw}: not valid JSON ({exc}); give a JSON list or object "
+            f"in single quotes, e.g. --fairway-option {key}='[\"heavy\", \"light\"]' or "
+            f"{key}='{{\"heavy\": 2, \"light\": 1}}'"
+        ) from None
 
 
 def _profile_ref(value: str) -> str:

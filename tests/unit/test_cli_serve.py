@@ -145,6 +145,34 @@ def test_explicit_fcfs_and_prefix_caching_are_not_repeated():
     assert argv.count("--enable-prefix-caching") == 1
 
 
+@pytest.mark.parametrize("form", [["--scheduling-policy", "priority"],
+                                  ["--scheduling-policy=priority"],
+                                  ["--scheduling_policy", "priority"]])
+def test_priority_queue_is_kept(form):
+    argv = argv_of("m", *form, "--port", "1")
+    assert flag_value(argv, "scheduling-policy") == "priority"
+    assert sum(a.replace("_", "-").startswith("--scheduling-policy") for a in argv) == 1
+    assert argv[-len(form) - 2 :] == [*form, "--port", "1"]  # passed through, in place
+
+
+def test_plain_vllm_line_with_priority_queue_passes_the_check():
+    argv = ["vllm", "serve", "m", "--scheduler-cls", SCHEDULER_CLS,
+            "--scheduling-policy", "priority"]
+    assert options_from_vllm_argv(argv, {}).policy == "fairway"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [('["heavy","light"]', ["heavy", "light"]),
+     ('{"heavy": 2, "light": 1}', {"heavy": 2, "light": 1})],
+)
+def test_tenants_option_takes_a_json_list_or_object(value, expected):
+    result = plan("m", "--fairway-option", f"tenants={value}")
+    assert result.fairway_config == {"tenants": expected}
+    assert additional_config(result.argv) == {"fairway": {"tenants": expected}}
+    assert result.options.tenant_table.names == ("default", "heavy", "light")
+
+
 def test_own_scheduler_class_is_accepted_once():
     argv = argv_of("m", "--scheduler-cls", "fairway.vllm.FairwayScheduler")
     assert argv.count("--scheduler-cls") == 1
@@ -228,7 +256,13 @@ def test_fairway_variables_that_are_not_options_are_allowed():
         (["--fairway-option", "protect=maybe"], "must be true or false"),
         (["--policy", "lpm", "--profile", PROFILE], "takes no prefill-time profile"),
         (["--profile", "/no/such/table.json"], "cannot read profile table"),
-        (["--scheduling-policy", "priority"], "--scheduling-policy priority"),
+        (["--scheduling-policy", "lifo"], r"--scheduling-policy lifo: .*fcfs \(the default\) or "
+         "priority"),
+        (["--scheduling_policy=random"], "--scheduling-policy random"),
+        (["--fairway-option", "tenants=[heavy,light]"], "tenants=.*not valid JSON"),
+        (["--fairway-option", 'tenants={"a": 1'], "not valid JSON"),
+        (["--fairway-option", "tenants=heavy"], "option tenants is 'heavy'"),
+        (["--fairway-option", 'tenants={"a": 0}'], "weight of tenant 'a' is 0"),
         (["--no-enable-prefix-caching"], "needs prefix caching"),
         (["--scheduler-cls", "my.Scheduler"], "use `vllm serve` for another class"),
         (["--scheduler-cls", ASYNC_SCHEDULER_CLS], "needs --async-scheduling"),
@@ -441,7 +475,7 @@ def test_vllm_argv_without_fairways_scheduler_is_not_checked():
     [
         (["--additional-config", '{"fairway": {"fast_weight": 0}}'], {}, "fast_weight=0"),
         ([], {"FAIRWAY_FASTWEIGHT": "1"}, "unknown Fairway variable FAIRWAY_FASTWEIGHT"),
-        (["--scheduling-policy", "priority"], {}, "--scheduling-policy priority"),
+        (["--scheduling-policy", "lifo"], {}, "fcfs \\(the default\\) or priority"),
         (["--no-enable-prefix-caching"], {}, "needs prefix caching"),
     ],
 )
