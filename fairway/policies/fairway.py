@@ -349,15 +349,14 @@ class FairwayPolicy(FastLanePolicy):
     # --- several tenants or priority levels: the same lanes, classed -----------------------------
 
     def _classed_ordering(self, queue: QueueColumns, step: Step) -> Ordering:
-        """The lanes with vLLM's priority levels outermost and the tenants' shares inside.
+        """The lanes with vLLM's priority levels outermost and, when tenants compete, the
+        tenants' shares inside each level (docs/design.md, "Priority levels and tenants").
 
-        Each lane is sorted as in `plan()` with the priority level as its first key (lower
-        first: the merge places a level only once every request of the levels above it is
-        placed, so vLLM's strict order between levels holds, running prefills included), then
-        the tenants are interleaved within each level by `tenant_tags`: a request's tag is its
-        tenant's counter plus the lane's work of that tenant's requests before it, divided by
-        the tenant's weight. With one tenant the tags ascend along the lane and nothing moves.
-        The merge, the charges and the grants are `_decide`'s, unchanged."""
+        Both lanes are sorted as in `plan()` with the priority level as their first key (lower
+        first): the merge places a level only once every request of the levels above it is
+        placed, so vLLM's strict order between levels holds, running prefills included. With
+        one tenant per level that is all (`_decide`'s merge, charges and grants, unchanged);
+        with two or more tenants at the level served first, `_tenant_merge` orders the step."""
         n, m = len(queue), len(step.prefilling)
         running = [p.view() for p in step.prefilling]
         tenant = np.concatenate(
@@ -367,7 +366,7 @@ class FairwayPolicy(FastLanePolicy):
             [queue.priorities, np.fromiter((p.priority for p in running), np.int64, m)]
         )
         share = self._share_classes(level, tenant, step)
-        self._single_class = None
+        self._single_class, self._class_of_id = None, {}
         run_cols = QueueColumns.of(running)
         arrival = np.concatenate([queue.arrival, run_cols.arrival])
         scores = np.concatenate([
@@ -375,60 +374,40 @@ class FairwayPolicy(FastLanePolicy):
             self.scores(run_cols, step.now) if m else np.zeros(0),
         ])
         work = np.concatenate([queue.remaining, run_cols.remaining])
+        prompt = np.concatenate([queue.prompt_tokens, run_cols.prompt_tokens])
         waiting = np.arange(n + m) < n
         tie = np.concatenate([np.arange(m, n + m), np.arange(m)])  # running first, then position
-        served, weights = self._served, self._class_weight
-
-        def lane(sorted_entries: np.ndarray) -> np.ndarray:
-            tags = tenant_tags(sorted_entries, share, work, served, weights)
-            ordered: np.ndarray = sorted_entries[
-                np.lexsort((np.arange(len(tags)), tags, level[sorted_entries]))
-            ]
-            return ordered
-
-        fast_lane = lane(np.lexsort((tie, arrival, -scores, level)))
-        fair_lane = lane(np.lexsort((tie, arrival, waiting, level)))
-        keys = np.where(np.arange(n + m) < n, np.arange(n + m), n - np.arange(n + m) - 1)
-        work_of = dict(zip(keys.tolist(), work.astype(np.int64).tolist(), strict=True))
-        prompt = np.concatenate([queue.prompt_tokens, run_cols.prompt_tokens])
-        done = dict(zip(keys.tolist(), (prompt - work).astype(np.int64).tolist(), strict=True))
-        self._class_of_id = dict(zip(
-            [*queue.ids_of(range(n)), *(p.request_id for p in running)], share.tolist(),
-            strict=True,
-        ))
+        fast_lane = np.lexsort((tie, arrival, -scores, level))
+        fair_lane = np.lexsort((tie, arrival, waiting, level))
         head = n if step.budget is None or step.head is None else min(n, step.head)
         reach = max(head, 1) + m
         queue_work = float(queue.remaining.sum())
         budget = step.budget
-        # the tenants contend when the step cannot serve all they ask for
-        self._tenants_contend = budget is not None and float(work.sum()) > max(
-            0, budget.tokens - sum(budget.ahead)
-        )
+        tokens = 0 if budget is None else max(0, budget.tokens - sum(budget.ahead))
         top = level == level.min()
         if len(np.unique(tenant[top])) > 1:  # tenants compete in the level served first
-            fast_sorted = np.lexsort((tie, arrival, -scores, level))
-            fair_sorted = np.lexsort((tie, arrival, waiting, level))
-            while True:
-                merged = self._tenant_merge(
-                    fast_sorted, fair_sorted, share, level, work, waiting, keys, work_of,
-                    reach, step,
-                )
-                placed = sum(1 for k in merged[0] if k >= 0)
-                if placed >= min(n, head) or reach >= n + m:
-                    break
-                reach *= 2
+            # the tenants contend when the step cannot serve all they ask for
+            self._tenants_contend = budget is not None and float(work.sum()) > tokens
+            merged, classes, work_of, done = self._tenant_merge(
+                fast_lane, fair_lane, share, level, work, prompt, waiting, reach, tokens
+            )
             decided = self._decide(
                 merged[0], merged[0], work_of, done, queue_work, n, step, queue.ids_of,
                 fast_whole=True, shared=True, merged=merged,
             )
-            assert decided is not None  # no merge of its own: never widened
+            assert decided is not None and decided.plan is not None  # no merge of its own
+            # plan.lanes lists the placed requests in placement order: the merged keys'
+            self._class_of_id = dict(zip(decided.plan.lanes, classes, strict=True))
             return decided
+        self._tenants_contend = False  # one tenant per level: no share to keep
         fair = _lane_prefix(fair_lane, waiting, reach)  # as the plain path: never widened
         while True:
             fast = _lane_prefix(fast_lane, waiting, reach)
+            entries = np.union1d(fast, fair)
+            work_of, done = _key_maps(entries, n, work, prompt)
             decided = self._decide(
-                keys[fast].tolist(), keys[fair].tolist(), work_of, done, queue_work, n, step,
-                queue.ids_of, fast_whole=int(waiting[fast].sum()) >= n,
+                _keys(fast, n).tolist(), _keys(fair, n).tolist(), work_of, done, queue_work, n,
+                step, queue.ids_of, fast_whole=int(waiting[fast].sum()) >= n,
                 shared=bool(len(level)) and level.min() != level.max(),  # levels: hold the lower
             )
             if decided is not None:
@@ -437,38 +416,48 @@ class FairwayPolicy(FastLanePolicy):
 
     def _tenant_merge(
         self,
-        fast_sorted: np.ndarray,
-        fair_sorted: np.ndarray,
+        fast_lane: np.ndarray,
+        fair_lane: np.ndarray,
         share: np.ndarray,
         level: np.ndarray,
         work: np.ndarray,
+        prompt: np.ndarray,
         waiting: np.ndarray,
-        keys: np.ndarray,
-        work_of: dict[int, int],
         reach: int,
-        step: Step,
-    ) -> tuple[list[int], list[str], list[str]]:
+        tokens: int,
+    ) -> tuple[tuple[list[int], list[str], list[str]], list[int], dict[int, int], dict[int, int]]:
         """Tenants outermost, lanes inside: each share class's own two lanes merged as the
         paper's step merges them (its Fast lane starting only what it finishes in the step),
         then the classes interleaved by tag along those sequences (`tenant_tags`), level by
-        level. Each class's lanes are read up to its `reach`-th waiting request."""
-        tokens = 0 if step.budget is None else max(0, step.budget.tokens - sum(step.budget.ahead))
-        sequences: list[np.ndarray] = []
+        level. Returns the placements (keys, lanes, charges), the class of each, and the work
+        and done tokens by key of the entries read.
+
+        A class's lanes are read while its waiting work before an entry is below the step's
+        tokens (and up to its `reach`-th waiting request), and every running prefill of it: an
+        entry past that has at least a step of work placed before it, so it gets nothing this
+        step, whatever the other classes' tags.
+        # speed: scheduler_overhead.py admit 1000 fairway+tenants (8): 4.4 -> see results.md
+        """
+        n = int(waiting.sum())
+        limit = float(tokens) if tokens > 0 else float("inf")
+        fast_entries, fast_groups = _class_prefixes(fast_lane, share, waiting, work, limit, reach)
+        fair_entries, fair_groups = _class_prefixes(fair_lane, share, waiting, work, limit, reach)
+        work_of, done = _key_maps(np.union1d(fast_entries, fair_entries), n, work, prompt)
+        fast_keys = _keys(fast_entries, n).tolist()
+        fair_keys = _keys(fair_entries, n).tolist()
+        sequences: list[list[int]] = []
         labels: list[list[str]] = []
         charges: list[list[str]] = []
-        for code in np.unique(share).tolist():
-            mine_fast = fast_sorted[share[fast_sorted] == code]
-            mine_fair = fair_sorted[share[fair_sorted] == code]
+        for code, (fast_start, fast_end) in fast_groups.items():
+            fair_start, fair_end = fair_groups[code]
             got, lanes, charged = merge(
-                keys[_lane_prefix(mine_fast, waiting, reach)].tolist(),
-                keys[_lane_prefix(mine_fair, waiting, reach)].tolist(),
-                work_of, self.fast_weight, None, None, tokens or None, fit=tokens > 0,
+                fast_keys[fast_start:fast_end], fair_keys[fair_start:fair_end], work_of,
+                self.fast_weight, None, None, tokens or None, fit=tokens > 0,
             )
-            sequences.append(np.asarray(got, dtype=np.int64))
+            sequences.append(got)
             labels.append(lanes)
             charges.append(charged)
-        flat = np.concatenate(sequences)
-        n = int(waiting.sum())
+        flat = np.asarray([k for group in sequences for k in group], dtype=np.int64)
         entry = np.where(flat >= 0, flat, n - flat - 1)  # key -(j + 1): running prefill j
         tags = tenant_tags(np.arange(len(entry)), share[entry], work[entry], self._served,
                            self._class_weight)
@@ -476,11 +465,13 @@ class FairwayPolicy(FastLanePolicy):
         flat_keys = flat.tolist()
         flat_lanes = [lane for group in labels for lane in group]
         flat_charged = [c for group in charges for c in group]
-        return (
+        classes = share[entry].tolist()
+        merged = (
             [flat_keys[i] for i in order],
             [flat_lanes[i] for i in order],
             [flat_charged[i] for i in order],
         )
+        return merged, [classes[i] for i in order], work_of, done
 
     def _one_class(self, queue: QueueColumns, step: Step) -> None:
         """A step whose requests are all of one share class: the plain rule orders it, and the
@@ -512,8 +503,10 @@ class FairwayPolicy(FastLanePolicy):
         not charged for what it got at another. A class that was not present at the last classed
         step starts no lower than the lowest counter of its level's classes that were (it banks
         no credit while away); a level none of whose classes stays restarts at 0."""
-        pairs, inverse = np.unique(np.stack([level, tenant.astype(np.int64)]), axis=1,
-                                   return_inverse=True)
+        low = int(level.min()) if len(level) else 0
+        width = int(tenant.max()) + 1 if len(tenant) else 1
+        combined, inverse = np.unique((level - low) * width + tenant, return_inverse=True)
+        pairs = np.stack([combined // width + low, combined % width])  # (level, tenant) each
         if len(self._class_code) > MAX_SHARE_CLASSES:  # levels are client-chosen integers
             self._class_code, self._present = {}, None
             self._served, self._class_weight = np.zeros(0), np.zeros(0)
@@ -793,3 +786,48 @@ def _lane_prefix(lane: np.ndarray, waiting: np.ndarray, reach: int) -> np.ndarra
     rank = np.cumsum(is_waiting)
     prefix: np.ndarray = lane[~is_waiting | (rank <= reach)]
     return prefix
+
+
+def _keys(entries: np.ndarray, n: int) -> np.ndarray:
+    """The merge's keys of entries (rows 0..n-1 waiting, n + j running prefill j): a waiting
+    row is its row, running prefill j is -(j + 1)."""
+    keys: np.ndarray = np.where(entries < n, entries, n - entries - 1)
+    return keys
+
+
+def _key_maps(
+    entries: np.ndarray, n: int, work: np.ndarray, prompt: np.ndarray
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Work and tokens already held (cached or computed), by key, of these entries only."""
+    keys = _keys(entries, n).tolist()
+    amounts = work[entries].astype(np.int64)
+    return (
+        dict(zip(keys, amounts.tolist(), strict=True)),
+        dict(zip(keys, (prompt[entries] - amounts).tolist(), strict=True)),
+    )
+
+
+def _class_prefixes(
+    lane: np.ndarray, share: np.ndarray, waiting: np.ndarray, work: np.ndarray, limit: float,
+    reach: int,
+) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
+    """Each share class's part of a lane, in the lane's order, while the class's waiting work
+    before an entry is below `limit` (the entry reaching it included) and up to its `reach`-th
+    waiting entry, with every running prefill: the entries grouped by class, and each class's
+    [start, end) in them (one stable sort and grouped cumulative sums for all classes)."""
+    classes = share[lane]
+    order = np.argsort(classes, kind="stable")
+    grouped, group = lane[order], classes[order]
+    is_waiting = waiting[grouped]
+    waiting_work = np.where(is_waiting, work[grouped], 0.0)
+    starts = np.searchsorted(group, group, side="left")
+    cum = np.cumsum(waiting_work)
+    before = cum - waiting_work - (cum[starts] - waiting_work[starts])
+    count = np.cumsum(is_waiting)
+    rank = count - (count[starts] - is_waiting[starts])
+    keep = ~is_waiting | ((before < limit) & (rank <= reach))
+    kept, kept_group = grouped[keep], group[keep]
+    codes, first = np.unique(kept_group, return_index=True)
+    ends = [*first[1:].tolist(), len(kept)]
+    spans = dict(zip(codes.tolist(), zip(first.tolist(), ends, strict=True), strict=True))
+    return kept, spans
