@@ -131,6 +131,11 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/fairway profile --from-step-log steps.jsonl --chunk-tokens 2048 --max-model-len "
     "8192 -o live-steps.json":
         Entry("PARSE", "needs a step log a server wrote under load"),
+    ".venv/bin/python benchmarks/e6_tenants.py --out results/e6":
+        Entry("PARSE", "replays three presets under five policies with alone runs (~2 min)"),
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway+tenants "
+    "--tenants 8 --sizes 1000 --no-memory":
+        Entry("PARSE", "a timing benchmark (~80 s)"),
     # docs/deployment.md
     "docker build -t vllm-fairway .":
         Entry("EXTERNAL", "needs docker (tests/unit/test_dockerfile.py checks the Dockerfile)"),
