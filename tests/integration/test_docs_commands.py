@@ -136,6 +136,9 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway+tenants "
     "--tenants 8 --sizes 1000 --no-memory":
         Entry("PARSE", "a timing benchmark (~80 s)"),
+    ".venv/bin/python benchmarks/live_tenants.py --serve /tmp/lt-tiny --profile "
+    "results/live-tenants-profile.json --runs 3 --out results/live-tenants":
+        Entry("PARSE", "starts six tiny-model servers and replays live (~25 min)"),
     # docs/deployment.md
     "docker build -t vllm-fairway .":
         Entry("EXTERNAL", "needs docker (tests/unit/test_dockerfile.py checks the Dockerfile)"),
