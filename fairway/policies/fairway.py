@@ -716,8 +716,10 @@ class FairwayPolicy(FastLanePolicy):
             return {}
         present = [(key, code) for key, code in self._class_code.items() if code in self._present]
         top = min(lvl for (lvl, _), _ in present)
-        return {ten: float(self._served[code]) for (lvl, ten), code in sorted(present)
-                if lvl == top}
+        counters = {ten: float(self._served[code]) for (lvl, ten), code in sorted(present)
+                    if lvl == top}
+        low = min(counters.values())
+        return {ten: value - low for ten, value in counters.items()}
 
     def ledgers(self) -> dict[str, float]:
         return dataclasses.asdict(self.ledger)
