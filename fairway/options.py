@@ -30,7 +30,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import ConfigDict, Field
@@ -108,6 +108,14 @@ class FairwayOptions:
     unlisted tenant, share the `default` tenant (list `default` to weigh it). Under contention
     `fairway` gives each backlogged tenant its weight's share of the prefill tokens; null: one
     tenant (the plain rule)."""
+    tier: Literal["priced", "equal", "fixed", "blind"] = "priced"
+    """How a prefix held in vLLM's CPU offload tier (`--kv-offloading-size`) counts in the order:
+    `priced`, as a load (its tokens cost load time over compute time, from the profile's load
+    figures or the estimate for its GPU class); `equal`, as a GPU hit (SGLang HiCache's rule);
+    `fixed`, as `tier_weight` of a GPU hit (Dynamo's router: 0.75); `blind`, as a miss. Without a
+    tier, no effect."""
+    tier_weight: Annotated[float, Field(gt=0.0, le=1.0)] = 0.75
+    """The share of a GPU hit one tier token counts as under `tier: fixed`."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Where each given value came from (JSON key, flag or variable), for logs and errors."""
 
@@ -138,7 +146,11 @@ class FairwayOptions:
         return build_policy(self.policy, self.policy_params)
 
     def describe(self) -> dict[str, Any]:
-        """Plain dict for logs and result files."""
+        """Plain dict for logs and result files (the tier rule only when not the default: it
+        acts only with an offload tier, and result files without one stay as they were)."""
+        tier = {} if (self.tier, self.tier_weight) == ("priced", 0.75) else {
+            "tier": self.tier, "tier_weight": self.tier_weight,
+        }
         return {
             "policy": self.policy,
             **dict(self.policy_params),
@@ -149,6 +161,7 @@ class FairwayOptions:
             "decision_trace": self.decision_trace,
             "step_log": self.step_log,
             "tenants": self.tenants,
+            **tier,
         }
 
     def to_json(self, *, skip_env: bool = False) -> dict[str, Any]:

@@ -633,3 +633,90 @@ def _request_attrs() -> set[str]:
     init = Request.__init__.__code__
     names.update(init.co_names)  # attribute names assigned in __init__ (self.x = ...)
     return names
+
+
+# --- vLLM's KV offloading connector (the CPU tier) ---------------------------------------------
+
+
+def kv_connector(scheduler: Scheduler) -> Any:
+    """The scheduler-side KV connector, or None (no `--kv-transfer-config` / offloading)."""
+    return getattr(scheduler, "connector", None)  # vLLM internal: Scheduler.connector
+
+
+def offloading_scheduler(connector: Any) -> Any:
+    """The `OffloadingConnectorScheduler` of an `OffloadingConnector` (None: another connector).
+
+    Read by class name, not imported: the connector module pulls in torch's CUDA paths on some
+    builds, and a Fairway scheduler without offloading must not import it.
+    """
+    if type(connector).__name__ != "OffloadingConnector":
+        return None
+    return getattr(connector, "connector_scheduler", None)  # vLLM internal: .connector_scheduler
+
+
+def offload_group(tier_scheduler: Any) -> tuple[int, int, int]:
+    """(group index, tokens per chunk, block hashes per chunk) of the tier's one KV group.
+
+    Raises `FairwayError` for what the probe does not read: several KV groups (hybrid models),
+    sliding-window or EAGLE groups, partial-tail loads.
+    """
+    config = tier_scheduler.config  # vLLM internal: OffloadingConnectorScheduler.config
+    groups = config.kv_group_configs  # vLLM internal: SchedulerOffloadConfig.kv_group_configs
+    if len(groups) != 1:
+        raise FairwayError(f"the offload tier has {len(groups)} KV groups (one is read)")
+    group = groups[0]
+    # vLLM internal: GroupOffloadConfig.sliding_window_size_in_chunks / is_eagle_group
+    if group.sliding_window_size_in_chunks is not None or group.is_eagle_group:
+        raise FairwayError("the offload tier's KV group is sliding-window or EAGLE")
+    if config.supports_partial_tail:  # vLLM internal: SchedulerOffloadConfig.supports_partial_tail
+        raise FairwayError("the offload tier loads partial tails")
+    # vLLM internal: GroupOffloadConfig.group_idx / tokens_per_chunk / hashes_per_chunk
+    return int(group.group_idx), int(group.tokens_per_chunk), int(group.hashes_per_chunk)
+
+
+def offload_manager(tier_scheduler: Any) -> Any:
+    """The tier's `OffloadingManager` (its `lookup(key, ctx)` reads without side effects for
+    vLLM's CPU manager: a dict read)."""
+    return tier_scheduler.manager  # vLLM internal: OffloadingConnectorScheduler.manager
+
+
+def offload_key_maker() -> Callable[[bytes, int], bytes]:
+    """vLLM's `make_offload_key(block_hash, group_idx)`."""
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    return make_offload_key
+
+
+def offload_lookup_results() -> tuple[Any, Any]:
+    """vLLM's `LookupResult.HIT` and `LookupResult.MISS` (others mean pending or retry)."""
+    from vllm.v1.kv_offload.base import LookupResult
+
+    return LookupResult.HIT, LookupResult.MISS
+
+
+def offload_request_context(tier_scheduler: Any, request_id: str) -> Any:
+    """The tier's per-request context (None: not registered with the connector)."""
+    # vLLM internal: OffloadingConnectorScheduler._req_status / RequestOffloadState.req_context
+    status = tier_scheduler._req_status.get(request_id)
+    return None if status is None else status.req_context
+
+
+def offload_busy_requests(tier_scheduler: Any) -> set[str]:
+    """Ids of requests with a transfer in flight (the connector defers them: `None` matched)."""
+    # vLLM internal: OffloadingConnectorScheduler._jobs / TransferJobStatus.req_id
+    return {job.req_id for job in tier_scheduler._jobs.values()}
+
+
+def offload_chunks_being_loaded(tier_scheduler: Any) -> set[bytes] | None:
+    """Offload keys with a load in flight (a request needing one is deferred); None: untracked."""
+    return tier_scheduler._chunks_being_loaded  # vLLM internal: ._chunks_being_loaded
+
+
+def offload_version(tier_scheduler: Any) -> tuple[int, int, int]:
+    """Changes whenever the tier's contents may have: a job created (a store may evict), a job
+    completed (a store becomes readable), the cache reset."""
+    # vLLM internal: OffloadingConnectorScheduler._job_counter / _jobs; CPUOffloadingManager.
+    # _cache_generation (absent on other managers: 0)
+    manager = tier_scheduler.manager
+    return (tier_scheduler._job_counter, len(tier_scheduler._jobs),
+            getattr(manager, "_cache_generation", 0))

@@ -102,6 +102,12 @@ class FairwayStats:
     #: Requests in vLLM's waiting queue per tenant label after the last step (None: not counted;
     #: counted only with tenants configured and the metrics on).
     tenant_waiting: dict[str, int] | None = None
+    #: Offload-tier hit tokens in the waiting queue, and requests the connector defers, at the
+    #: last ordered step (None: no tier probed).
+    tier_waiting_tokens: int | None = None
+    tier_deferred: int | None = None
+    #: Tier-hit tokens (the probe's) of the requests vLLM admitted.
+    tier_admitted_tokens: int = 0
 
     def take(self) -> FairwayStats:
         """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
@@ -128,6 +134,8 @@ class FairwayStats:
         self.prepass_s.clear()
         self.oldest_waiting_age_s = None
         self.tenant_waiting = None
+        self.tier_waiting_tokens = self.tier_deferred = None
+        self.tier_admitted_tokens = 0
 
     def add(self, other: FairwayStats) -> None:
         """Accumulate `other` into this object (running totals for tests and the replay)."""
@@ -150,6 +158,10 @@ class FairwayStats:
         if other.queue_work_max_tokens is not None:
             self.queue_work_max_tokens = other.queue_work_max_tokens
             self.queue_work_min_tokens = other.queue_work_min_tokens
+        if other.tier_waiting_tokens is not None:
+            self.tier_waiting_tokens = other.tier_waiting_tokens
+            self.tier_deferred = other.tier_deferred
+        self.tier_admitted_tokens += other.tier_admitted_tokens
 
 
 _STATS_FIELDS = tuple(f.name for f in fields(FairwayStats))
@@ -219,6 +231,26 @@ def collectors() -> dict[str, Any]:
                 LABELS,
                 multiprocess_mode="mostrecent",
             ),
+            "tier_waiting": Gauge(
+                "fairway:tier_waiting_hit_tokens",
+                "Tokens of the waiting requests' prompts held in vLLM's CPU offload tier beyond "
+                "their GPU hits, at the last ordered step (only with an offload tier).",
+                LABELS,
+                multiprocess_mode="mostrecent",
+            ),
+            "tier_deferred": Gauge(
+                "fairway:tier_deferred_requests",
+                "Waiting requests whose offload-tier blocks are in flight at the last ordered "
+                "step: vLLM's connector skips them, Fairway orders them last.",
+                LABELS,
+                multiprocess_mode="mostrecent",
+            ),
+            "tier_admitted": Counter(
+                "fairway:tier_admitted_hit_tokens",
+                "Offload-tier hit tokens (Fairway's probe) of the requests vLLM admitted: "
+                "loaded from host memory instead of computed.",
+                LABELS,
+            ),
         }
     return _collectors
 
@@ -249,6 +281,18 @@ class FairwayMetrics:
             counter.inc(0)
         #: The per-tenant series (None: no tenants configured; see `enable_tenants`).
         self.tenants: TenantMetrics | None = None
+        #: The offload-tier series (None: no tier; see `enable_tier`).
+        self._tier: tuple[Any, Any, Any] | None = None
+
+    def enable_tier(self) -> None:
+        """Create the offload-tier series (a scheduler with a tier it can read)."""
+        if self._tier is None:
+            series = collectors()
+            labels = tuple(self.labels.values())
+            self._tier = (series["tier_waiting"].labels(*labels),
+                          series["tier_deferred"].labels(*labels),
+                          series["tier_admitted"].labels(*labels))
+            self._tier[2].inc(0)
 
     def enable_tenants(self, table: TenantTable) -> TenantMetrics | None:
         """Create the per-tenant series of `table`'s labels (nothing when it lists no tenant)."""
@@ -281,6 +325,12 @@ class FairwayMetrics:
             self._work_min.set(stats.queue_work_min_tokens or 0)
         if self.tenants is not None:
             self.tenants.record(stats.tenant_prefill_tokens, stats.tenant_waiting)
+        if self._tier is not None:
+            if stats.tier_waiting_tokens is not None:
+                self._tier[0].set(stats.tier_waiting_tokens)
+                self._tier[1].set(stats.tier_deferred or 0)
+            if stats.tier_admitted_tokens:
+                self._tier[2].inc(stats.tier_admitted_tokens)
 
 
 # --- queue time and TTFT by cache hit/miss and lane -----------------------------------------------

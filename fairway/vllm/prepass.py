@@ -120,6 +120,8 @@ class StepPrepass:
         #: Weight by tenant code (`Step.tenant_weights`).
         self.tenant_weights = options.tenant_table.code_weights
         tenants = options.tenant_table
+        if probe.tier is not None and metrics is not None:
+            metrics.enable_tier()
         self.tenant_labels: TenantLabels | None = None
         if tenants.enabled:
             self.tenant_labels = TenantLabels(tenants, internals.request_tenant)
@@ -201,6 +203,9 @@ class StepPrepass:
         self.last = LastOrder(cols, order, ordering)
         stats = self.stats
         stats.steps_ordered += 1
+        tier = self.probe.tier
+        if tier is not None:
+            stats.tier_waiting_tokens, stats.tier_deferred = tier.last_tokens, tier.last_deferred
         if n:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
             oldest = cols.arrival.item(cols.oldest_row)
@@ -352,7 +357,10 @@ class StepPrepass:
             started = internals.started_ids(output)
             if started:  # they left the waiting queue
                 requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
-                self.probe.forget(requests[rid] for rid in started if rid in requests)
+                leaving = [requests[rid] for rid in started if rid in requests]
+                if self.probe.tier is not None:
+                    stats.tier_admitted_tokens += self.probe.tier_tokens_of(leaving)
+                self.probe.forget(leaving)
             admitted: list[Request] = []
             if self.ran:
                 stats.prepass_s.append(prepass_s)

@@ -8,7 +8,7 @@ Both are side-effect free towards vLLM: they read its objects, through `fairway.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,6 +17,7 @@ from vllm.v1.request import Request, RequestStatus
 from fairway.policies.queue import QueueColumns
 from fairway.vllm.prefix_memo import PROBE_BUDGET, PrefixMemo
 from fairway.vllm.queue_slots import QueueSlots, QueueSnapshot
+from fairway.vllm.tier_probe import TierProbe
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -41,8 +42,13 @@ class PrefixProbe:
         keep_preempted_first: bool = True,
         probe_budget: int = PROBE_BUDGET,
         classify: Callable[[Request], tuple[int, int]] | None = None,
+        tier: TierProbe | None = None,
+        requests_by_id: Callable[[], Mapping[str, Request]] | None = None,
     ) -> None:
         self.memo = PrefixMemo(manager, caching=caching, probe_budget=probe_budget)
+        #: The CPU offload tier's probe (None: no tier, or the order is tier-blind).
+        self.tier = tier
+        self._requests_by_id = requests_by_id or dict
         #: Requests longer than this cannot fit in an empty cache (kept last, never probed).
         self.max_tokens = max_tokens if max_tokens is not None else 2**62
         self.slots = QueueSlots(
@@ -98,7 +104,24 @@ class PrefixProbe:
             for slot in self.slots.absent(slots):
                 self._release(slot)
         self.memo.advance()
-        return self.slots.split(current, slots, self.memo.cached)
+        if self.tier is None or not current:
+            return self.slots.split(current, slots, self.memo.cached)
+        return self._split_with_tier(current, slots, self.tier)
+
+    def _split_with_tier(self, current: list[Request], slots: np.ndarray,
+                         tier: TierProbe) -> QueueSnapshot:
+        """The split with the tier priced in: h = GPU hit + weight x tier tokens (capped at the
+        prompt), and the requests the connector would defer set behind the ordered ones."""
+        gpu = self.memo.cached[slots]
+        tokens, deferred = tier.lookup(
+            current, slots, gpu, self.slots.slot_of, self._requests_by_id()
+        )
+        cached = self.memo.cached
+        if tokens.any() and tier.weight > 0:
+            cached = cached.copy()
+            priced = gpu + np.rint(tier.weight * tokens).astype(np.int64)
+            cached[slots] = np.minimum(priced, self.slots.prompt_of(slots))
+        return self.slots.split(current, slots, cached, deferred if deferred.any() else None)
 
     def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
         """The new queue (`QueueSlots.arrange`)."""
@@ -128,6 +151,13 @@ class PrefixProbe:
         """Drop one request's memo while it may still be queued (its tokens changed)."""
         self.forget([request])
         self.slots.forget_order()  # its slot may be reused: find every slot by lookup next time
+
+    def tier_tokens_of(self, requests: Iterable[Request]) -> int:
+        """Sum of the tier-hit tokens last probed for these requests (0 without a tier)."""
+        tier, slot_of = self.tier, self.slots.slot_of
+        if tier is None:
+            return 0
+        return sum(tier.tokens_of(slot) for r in requests if (slot := slot_of.get(r)) is not None)
 
     def forget(self, requests: Iterable[Request]) -> None:
         """Drop memo entries (requests admitted or gone: no longer in the queue)."""
@@ -166,5 +196,7 @@ class PrefixProbe:
         return slot
 
     def _release(self, slot: int) -> None:
+        if self.tier is not None:
+            self.tier.forget(slot)
         self.memo.remove(slot)
         self.slots.remove(slot)

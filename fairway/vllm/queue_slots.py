@@ -24,7 +24,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from fairway.policies.queue import QueueColumns
 
-_ORDERED, _FIXED, _OVERSIZED = 0, 1, 2
+_ORDERED, _FIXED, _OVERSIZED, _DEFERRED = 0, 1, 2, 3
 #: Requests vLLM may have put back at the head of the queue that `_match` looks past (a bound on
 #: its search; no case of benchmarks/scheduler_overhead.py puts requests back: 0 and 256 measure
 #: the same there).
@@ -204,21 +204,27 @@ class QueueSlots:
         present[slots] = True
         return np.flatnonzero(self._live & ~present).tolist()
 
-    def split(self, current: list[Request], slots: np.ndarray, cached: np.ndarray) -> QueueSnapshot:
-        """Split the queue (fixed, ordered, oversized) and gather the ordered requests' columns;
-        `cached`: hit tokens by slot."""
+    def split(self, current: list[Request], slots: np.ndarray, cached: np.ndarray,
+              deferred: np.ndarray | None = None) -> QueueSnapshot:
+        """Split the queue (fixed, ordered, deferred, oversized) and gather the ordered requests'
+        columns; `cached`: hit tokens by slot; `deferred`: True per position of `current` for a
+        request vLLM will skip this step (its offload-tier blocks are in flight)."""
         snap = QueueSnapshot(current=current, slots=slots)
         positions = None  # position in `current` of each ordered row (None: row i is at i)
         # split only when a fixed or oversized request waits (benchmarks/scheduler_overhead.py,
         # admit and busy at 10,000 waiting: splitting anyway took lpm's own step 5-10% longer,
         # 0.29 -> 0.32 ms median)
-        if self.num_special:
+        if self.num_special or deferred is not None:
             kind = self._kind[slots]
+            if deferred is not None:
+                kind = np.where(deferred & (kind == _ORDERED), _DEFERRED, kind)
+                snap.deferred = [current[i] for i in np.flatnonzero(kind == _DEFERRED).tolist()]
+                snap.deferred_slots = slots[kind == _DEFERRED]
             snap.fixed = [current[i] for i in np.flatnonzero(kind == _FIXED).tolist()]
             snap.fixed_slots = slots[kind == _FIXED]
             snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
             snap.oversized_slots = slots[kind == _OVERSIZED]
-            if len(snap.fixed_slots) or len(snap.oversized_slots):
+            if len(snap.fixed_slots) or len(snap.oversized_slots) or len(snap.deferred_slots):
                 positions = np.flatnonzero(kind == _ORDERED)
                 slots = slots[positions]
         snap.ordered_slots = slots
@@ -240,7 +246,8 @@ class QueueSlots:
         return snap
 
     def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
-        """The new queue: fixed, then the ordered requests in `order`, then oversized.
+        """The new queue: fixed, then the ordered requests in `order`, then the deferred ones (in
+        their order), then oversized.
 
         `order` and `moved` as `check_order` returns them: `order[moved:]` ascends. Returns
         `snap.current` itself (no rebuild needed) when that is already the new order. The result
@@ -248,9 +255,9 @@ class QueueSlots:
         C-level list comparison instead of a dict lookup per request.
         """
         parts = [snap.ordered_slots[order]]
-        special = len(snap.fixed_slots) or len(snap.oversized_slots)
+        special = len(snap.fixed_slots) or len(snap.oversized_slots) or len(snap.deferred_slots)
         if special:
-            parts = [snap.fixed_slots, parts[0], snap.oversized_slots]
+            parts = [snap.fixed_slots, parts[0], snap.deferred_slots, snap.oversized_slots]
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
         # without fixed or oversized requests, row i is `current[i]`, and an order that moves a
         # row (moved > 0) is not the identity: the queue changes
@@ -303,6 +310,14 @@ class QueueSlots:
             return np.concatenate(parts), -1 in heads
         return None
 
+    def prompt_of(self, slots: np.ndarray) -> np.ndarray:
+        """Prompt tokens (L) of the requests in `slots`."""
+        return self._prompt[slots]
+
+    def requests_of(self, slots: np.ndarray) -> list[Request]:
+        """The requests in `slots`, in that order."""
+        return self._request_of[slots].tolist()
+
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""
         live = self._arrival[self._live]
@@ -335,6 +350,10 @@ class QueueSnapshot:
     #: Slots of the requests the policy orders; row i of `columns` is `ordered_slots[i]`.
     ordered_slots: np.ndarray = field(default_factory=_no_slots)
     columns: QueueColumns | None = None
+    #: Requests vLLM's KV connector will skip this step (their offload-tier blocks are in
+    #: flight), kept behind the ordered ones so that no plan counts on them, and their slots.
+    deferred: list[Request] = field(default_factory=list)
+    deferred_slots: np.ndarray = field(default_factory=_no_slots)
     #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their slots.
     oversized: list[Request] = field(default_factory=list)
     oversized_slots: np.ndarray = field(default_factory=_no_slots)

@@ -38,6 +38,7 @@ from fairway.vllm import internals, observe, plugin
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 from fairway.vllm.prepass import StepPrepass
 from fairway.vllm.probe import PrefixProbe
+from fairway.vllm.tier_probe import TierProbe, tier_weight
 
 logger = init_logger(__name__)
 
@@ -105,6 +106,8 @@ class FairwaySchedulerMixin(_SchedulerBase):
                 # vLLM's priority queue has no preempted-first rule: levels, then arrival
                 keep_preempted_first=not (options.reorder_preempted or by_priority),
                 classify=classify,
+                tier=_tier_probe(self, options, policy),
+                requests_by_id=lambda: internals.requests_by_id(self),
             ),
             metrics,
             plans=_plan_enabled(self, policy),
@@ -342,6 +345,38 @@ def _plan_enabled(scheduler: Scheduler, policy: policies.Policy) -> bool:
         )
         return False
     return True
+
+
+def _tier_probe(
+    scheduler: Scheduler, options: FairwayOptions, policy: policies.Policy
+) -> TierProbe | None:
+    """The offload tier's probe, priced by option `tier` (None: no tier, or tier-blind).
+
+    `priced` takes the load-to-compute ratio from the policy's profile (its measured load
+    figures, or the estimate for its GPU class), or from the shipped default table when the
+    policy has none. Any failure here leaves the order tier-blind with one warning.
+    """
+    from fairway.profiling import load_cost, table
+
+    if internals.kv_connector(scheduler) is None or options.tier == "blind":
+        return None
+    try:
+        ratio = 0.0
+        if options.tier == "priced":
+            profile = getattr(policy, "profile", None)
+            if not isinstance(profile, table.PrefillProfile):
+                profile = table.default_profile()
+            cost = load_cost.for_profile(profile)
+            ratio = cost.load_to_compute(profile)
+            logger.info(
+                "Fairway prices offload-tier hits at %.4f of a recompute per token (%s).",
+                ratio, cost.note or cost.source,
+            )
+        weight = tier_weight(options.tier, options.tier_weight, ratio)
+    except Exception as exc:  # noqa: BLE001 - a bad load-cost entry must not stop the engine
+        logger.warning("Fairway cannot price the offload tier (%s); the order is tier-blind.", exc)
+        return None
+    return TierProbe.for_scheduler(scheduler, options.tier, weight)
 
 
 def _make_calibration(scheduler: FairwaySchedulerMixin) -> SchedulerCalibration | None:
