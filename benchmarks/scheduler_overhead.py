@@ -42,7 +42,27 @@ the raw times.
 The memory Fairway keeps per waiting request is measured with tracemalloc (allocations made from
 `fairway/` files, N = the largest size <= 1,000).
 
-Run: `python benchmarks/scheduler_overhead.py [--sizes 100 1000 10000] [--json out.json]`.
+The CPU offload tier (an arm POLICY+tier, e.g. `fairway+tier`): that policy with vLLM's
+`OffloadingConnector` configured (`--tier-blocks` blocks of CPU memory) and the tier rule at its
+default (`priced`), so that Fairway's tier probe (`fairway/vllm/tier_probe.py`) looks every waiting
+request's prefix up in the tier each ordered step. A run with such an arm also runs `vllm+tier`
+(vLLM's own Scheduler with the same connector: the baseline of the +tier arms' "added"), and
+every arm of the run, tier or not, gets the same smaller GPU cache: `--gpu-prefixes` of the shared
+prefixes' worth of blocks plus room for the running requests, so that the prefixes do not all fit
+and LRU eviction keeps moving some out of the GPU cache (the warm-up computes every prefix in
+turn: the first ones are already evicted when it ends). The connector stores every computed block
+in the tier, so an evicted prefix stays there: a +tier arm's probe finds it (a tier hit) and vLLM
+loads it on admission, where a tier-less arm recomputes it. The connector's worker half needs a
+GPU; `TierWorker` answers its jobs instead (a load completes within the step that scheduled it, a
+store one step later), untimed like the fake model output; the tier-less arms have nothing to
+answer. A second table pairs each POLICY with POLICY+tier: Fairway's own time, the pre-pass,
+vLLM's part of the step (with the connector it does more: its own tier lookups at admission, the
+store and load jobs) and how many waiting requests the probe found in the tier (median over the
+steps whose pre-pass ordered the queue; the probe's answer is kept by a thin wrapper around its
+`lookup`, the count is taken outside the timing).
+
+Run: `python benchmarks/scheduler_overhead.py [--sizes 100 1000 10000] [--json out.json]`;
+with the tier: `--policies fairway fairway+tier [--tier-blocks N] [--gpu-prefixes K]`.
 """
 
 from __future__ import annotations
@@ -58,9 +78,11 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 # Runnable as a plain script from a checkout: put the repository root on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -70,6 +92,34 @@ SUFFIX_MAX = 8_192
 BLOCK_SIZE = 16
 PREFILL_BUDGET = 2_048
 KINDS = ("full", "admit", "busy", "burst")
+#: What an arm's name may add to its policy after a "+" (`fairway+tenants`, `fairway+tier`).
+ARM_FLAGS = ("tenants", "tier")
+#: GPU blocks each running slot gets in a run with a tier (beyond `--gpu-prefixes` prefixes):
+#: one uncached suffix and some decode room.
+TIER_RUN_SLOT_BLOCKS = SUFFIX_MAX // BLOCK_SIZE + 88
+#: The goal of the tier lookup: Fairway's own median with the tier minus without it (ms), at
+#: 1,000 waiting, in the steps that can order (full steps never look the tier up).
+TIER_GOAL_MS = {(1_000, kind): 0.1 for kind in ("full", "admit", "busy")}
+
+
+def arm_parts(arm: str) -> tuple[str, frozenset[str]]:
+    """An arm's policy ("vllm": vLLM's own Scheduler) and its flags (`ARM_FLAGS`)."""
+    policy, *flags = arm.split("+")
+    return policy, frozenset(flags)
+
+
+def is_vllm(arm: str) -> bool:
+    """vLLM's own Scheduler (with or without the tier)."""
+    return arm_parts(arm)[0] == "vllm"
+
+
+def is_tier(arm: str) -> bool:
+    return "tier" in arm_parts(arm)[1]
+
+
+def base_arm(arm: str) -> str:
+    """The vLLM arm an arm is compared to: vLLM with the same connector."""
+    return "vllm+tier" if is_tier(arm) else "vllm"
 
 
 @dataclass
@@ -91,21 +141,32 @@ class ArmResult:
     own_p90_ms: float = 0.0
     #: vLLM's part of an admitting step per request it started (median; "admit" steps only).
     vllm_per_start_ms: float | None = None
+    #: vLLM's own methods per step (median): with a connector, its lookups and jobs too.
+    vllm_median_ms: float = 0.0
+    #: +tier arms: waiting requests the tier probe found a tier hit for, and its tier-hit
+    #: tokens (medians over the steps whose pre-pass looked the tier up; None: no such step).
+    tier_hits_median: float | None = None
+    tier_tokens_median: float | None = None
+    #: Steps whose pre-pass looked the tier up (of the measured ones).
+    tier_lookup_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One timed step: CPU seconds in all and in vLLM's own methods, requests started, and
-    Fairway's pre-pass (wall seconds; None: no pre-pass ran)."""
+    """One timed step: CPU seconds in all and in vLLM's own methods, requests started,
+    Fairway's pre-pass (wall seconds; None: no pre-pass ran), and the tier probe's answer
+    (waiting requests with a tier hit, their tier tokens; None: no tier lookup in the step)."""
 
     total_s: float
     vllm_s: float
     admitted: int = 0
     prepass_s: float | None = None
+    tier_hits: int | None = None
+    tier_tokens: int | None = None
 
     def plus(self, total_s: float, vllm_s: float) -> Sample:
         """The same step with more work timed (the arrivals' `add_request` calls)."""
-        return Sample(self.total_s + total_s, self.vllm_s + vllm_s, self.admitted, self.prepass_s)
+        return replace(self, total_s=self.total_s + total_s, vllm_s=self.vllm_s + vllm_s)
 
 
 def timed_classes() -> tuple[type, type]:
@@ -139,6 +200,94 @@ def timed_classes() -> tuple[type, type]:
         pass
 
     return TimedScheduler, TimedFairwayScheduler
+
+
+def tier_config(tier_blocks: int) -> dict[str, Any]:
+    """vLLM's kv_transfer_config of a CPU offload tier of `tier_blocks` blocks.
+
+    The offline harness's fake KV spec has a few bytes per block, aligned up to one unit of
+    the shared region (as in tests/integration/test_tier_probe.py).
+    """
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "cpu_bytes_to_use": tier_blocks * SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT
+        },
+    }
+
+
+class TierWorker:
+    """The `OffloadingConnector`'s worker half, answered without a GPU: a load completes within
+    the step that scheduled it, a store in the next step (as the tier tests' `_Worker`)."""
+
+    def __init__(self) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata,
+        )
+        from vllm.v1.outputs import KVConnectorOutput
+
+        self._meta_cls, self._output_cls = OffloadingWorkerMetadata, KVConnectorOutput
+        self.stores: list[int] = []  # store jobs of the last step (completed in this one)
+
+    def answer(self, output: Any, model_output: Any) -> None:
+        """Set the worker's answer to the step `output` on its fake `model_output`."""
+        meta = output.kv_connector_metadata  # vLLM internal: OffloadingConnectorMetadata
+        done = dict.fromkeys(self.stores, 1)
+        received: set[str] = set()
+        for job_id, job in meta.load_jobs.items():
+            done[job_id] = 1
+            received.add(job.req_id)
+        self.stores = list(meta.store_jobs)
+        model_output.kv_connector_output = self._output_cls(
+            finished_recving=received,
+            kv_connector_worker_meta=self._meta_cls(completed_jobs=done),
+        )
+
+
+class TierRecorder:
+    """Keeps the tier probe's answer to each `lookup` (its tier tokens per row), so that the
+    benchmark counts the tier hits outside the timing; the wrapper itself is inside it (one
+    Python call and two attribute writes per step)."""
+
+    def __init__(self, tier: Any) -> None:
+        self.calls = 0
+        self.tokens: Any = None
+        original = tier.lookup
+
+        def lookup(*args: Any) -> Any:
+            found = original(*args)
+            self.calls += 1
+            self.tokens = found[0]
+            return found
+
+        tier.lookup = lookup
+
+
+def _model_output(offline: Any, sched: Any, out: Any) -> Any:
+    """The fake model output of a step, with the connector's worker answer where it has one."""
+    model_output = offline.fake_model_output(sched, out)
+    worker = getattr(sched, "tier_worker", None)
+    if worker is not None:
+        worker.answer(out, model_output)
+    return model_output
+
+
+def _step(offline: Any, sched: Any) -> Any:
+    """One untimed engine step (`offline.step`, the connector answered)."""
+    out = sched.schedule()
+    sched.update_from_output(out, _model_output(offline, sched, out))
+    return out
+
+
+def _run_until_idle(offline: Any, sched: Any, max_steps: int = 10_000) -> None:
+    """`offline.run_until_idle`, the connector answered (its last stores complete too)."""
+    for _ in range(max_steps):
+        if not sched.has_requests():
+            break
+        _step(offline, sched)
 
 
 class Workload:
@@ -180,6 +329,11 @@ class Workload:
                                             tenant=tenant))
         self.num_waiting = n
         self.tenants = args.tenants
+        #: A run with a +tier arm: every arm's GPU cache holds `gpu_prefixes` prefixes' worth
+        #: (plus the running slots' room), the +tier arms have a tier of `tier_blocks` blocks.
+        self.tier_run = any(is_tier(arm) for arm in args.policies)
+        self.tier_blocks: int = getattr(args, "tier_blocks", None) or 0
+        self.gpu_prefixes: int = getattr(args, "gpu_prefixes", None) or 0
 
     def _new(
         self,
@@ -219,51 +373,78 @@ class Workload:
         )
 
     def scheduler(self, arm: str, *, max_num_seqs: int, budget: int, fill: bool) -> Any:
-        """A scheduler with the prefixes cached; `fill`: every running slot decoding."""
+        """A scheduler with the prefixes cached; `fill`: every running slot decoding.
+
+        In a run with a tier, the GPU cache is smaller (`gpu_prefixes`): the warm-up computes
+        every prefix in turn, so the first ones are evicted by its end, and a +tier arm's
+        connector has stored them all in its tier (the worker answering the stores).
+        """
         offline = self.offline
-        num_blocks = len(self.prefixes) * (PREFIX_TOKENS // BLOCK_SIZE) + max_num_seqs * 1_100
+        prefix_blocks = PREFIX_TOKENS // BLOCK_SIZE
+        if self.tier_run:
+            num_blocks = self.gpu_prefixes * prefix_blocks + max_num_seqs * TIER_RUN_SLOT_BLOCKS
+        else:
+            num_blocks = len(self.prefixes) * prefix_blocks + max_num_seqs * 1_100 + 4_096
         timed_vllm, timed_fairway = timed_classes()
-        policy, _, tenanted = arm.partition("+")  # "fairway+tenants": the tenants listed
+        policy, flags = arm_parts(arm)  # "fairway+tenants": the tenants listed
+        options: dict[str, Any] = {}
+        if "tenants" in flags:
+            options["tenants"] = [f"t{k}" for k in range(self.tenants)]
         sched = offline.make_offline_scheduler(
-            None if arm == "vllm" else policy,
-            fairway_options={"tenants": [f"t{k}" for k in range(self.tenants)]}
-            if tenanted == "tenants" else None,
-            scheduler_cls=timed_vllm if arm == "vllm" else timed_fairway,
-            num_blocks=num_blocks + 4_096,
+            None if policy == "vllm" else policy,
+            fairway_options=options or None,
+            scheduler_cls=timed_vllm if policy == "vllm" else timed_fairway,
+            num_blocks=num_blocks,
             block_size=BLOCK_SIZE,
             max_num_batched_tokens=budget,
             max_num_seqs=max_num_seqs,
             max_model_len=PREFIX_TOKENS + SUFFIX_MAX + 64,
+            kv_transfer_config=tier_config(self.tier_blocks) if "tier" in flags else None,
         )
+        if "tier" in flags:
+            tier_manager = sched.connector.connector_scheduler.manager  # vLLM internal
+            assert tier_manager._num_chunks == self.tier_blocks  # vLLM internal: _num_chunks
+            sched.tier_worker = TierWorker()
+            if policy != "vllm":
+                tier = sched.fairway_probe.tier
+                assert tier is not None, "Fairway could not read the offload tier"
+                sched.tier_recorder = TierRecorder(tier)
         for seed in self.seeds:  # warm the cache
             sched.add_request(self.copy(seed, seed.request_id))
-        offline.run_until_idle(sched)
+        _run_until_idle(offline, sched)
         if fill:
             for i in range(max_num_seqs):  # fill every running slot with long decodes
                 prompt = [7, 8, 9, i] * 4
                 sched.add_request(self._new(f"dec{i}", prompt, 0.0, max_tokens=1_000_000))
-            offline.step(sched)
+            _step(offline, sched)
             assert len(sched.running) == max_num_seqs
         return sched
 
 
 def _timed_step(offline: Any, sched: Any) -> Sample:
-    """One `schedule()` and its `update_from_output()`, timed (the fake model output is not)."""
+    """One `schedule()` and its `update_from_output()`, timed (the fake model output and the
+    connector's worker answer are not)."""
     totals = getattr(sched, "fairway_totals", None)
-    before = (totals.prepass_total_s, totals.prepass_count) if totals is not None else None
+    before = (totals.prepass_total_s, totals.prepass_count) if totals is not None else (0.0, 0)
+    recorder = getattr(sched, "tier_recorder", None)
+    lookups = recorder.calls if recorder is not None else 0
     vllm_before = sched.vllm_cpu_s
     start = time.thread_time()
     out = sched.schedule()
     elapsed = time.thread_time() - start
-    model_output = offline.fake_model_output(sched, out)
+    model_output = _model_output(offline, sched, out)
     start = time.thread_time()
     sched.update_from_output(out, model_output)
     elapsed += time.thread_time() - start
     prepass = None
-    if before is not None and totals.prepass_count > before[1]:
+    if totals is not None and totals.prepass_count > before[1]:
         prepass = totals.prepass_total_s - before[0]
     vllm_s = sched.vllm_cpu_s - vllm_before
-    return Sample(elapsed, vllm_s, len(out.scheduled_new_reqs), prepass)
+    hits = tokens = None
+    if recorder is not None and recorder.calls > lookups:
+        hits = int(np.count_nonzero(recorder.tokens))
+        tokens = int(recorder.tokens.sum())
+    return Sample(elapsed, vllm_s, len(out.scheduled_new_reqs), prepass, hits, tokens)
 
 
 def _timed_add(offline: Any, sched: Any, requests: list[Any]) -> tuple[float, float]:
@@ -290,6 +471,7 @@ def _result(arm: str, kind: str, n: int, samples: Sequence[Sample]) -> ArmResult
     ran = [s.prepass_s * 1e3 for s in samples if s.prepass_s is not None]
     starts = [s for s in samples if s.admitted]
     per_start = [s.vllm_s * 1e3 / s.admitted for s in starts]
+    tiered = [s for s in samples if s.tier_hits is not None]
     return ArmResult(
         arm,
         kind,
@@ -302,6 +484,10 @@ def _result(arm: str, kind: str, n: int, samples: Sequence[Sample]) -> ArmResult
         statistics.median(own),
         _p90(own),
         statistics.median(per_start) if kind == "admit" and per_start else None,
+        statistics.median(s.vllm_s * 1e3 for s in samples),
+        statistics.median(s.tier_hits or 0 for s in tiered) if tiered else None,
+        statistics.median(s.tier_tokens or 0 for s in tiered) if tiered else None,
+        len(tiered),
     )
 
 
@@ -326,7 +512,7 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
                 assert not sample.admitted, "a full step must not admit anything"
                 samples[arm].append(sample)
     for arm, sched in scheds.items():
-        if arm != "vllm":
+        if not is_vllm(arm):
             assert sched.fairway_totals.policy_fallbacks == 0
     return [_result(arm, "full", work.num_waiting, samples[arm]) for arm in arms]
 
@@ -378,7 +564,7 @@ class PrefillNode:
             (self.admit if sample.admitted else self.busy).append(sample)
 
     def results(self) -> list[ArmResult]:
-        if self.arm != "vllm":
+        if not is_vllm(self.arm):
             assert self.sched.fairway_totals.policy_fallbacks == 0
         n = self.work.num_waiting
         results = []
@@ -441,7 +627,7 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
     """Measure every arm and kind at queue size `n`."""
     print(f"building {n} waiting requests ...", file=sys.stderr, flush=True)
     work = Workload(offline, args, n)
-    arms = ["vllm", *args.policies]
+    arms = ["vllm", *(["vllm+tier"] if work.tier_run else []), *args.policies]
     gc.collect()
     gc.disable()  # a collection inside one arm's timing would be charged to that arm only
     try:
@@ -496,7 +682,7 @@ def speed_scaled(results: list[ArmResult]) -> dict[str, Any] | None:
     scaled = {
         f"{r.arm} {r.kind}": r.own_median_ms * scale
         for r in results
-        if r.arm != "vllm" and r.waiting == 1_000 and r.kind in ("full", "admit", "busy")
+        if not is_vllm(r.arm) and r.waiting == 1_000 and r.kind in ("full", "admit", "busy")
     }
     return {"vllm_admit_1000_ms": vllm.median_ms, "scale": scale, "own_1000_scaled_ms": scaled}
 
@@ -515,7 +701,7 @@ def speed_line(speed: dict[str, Any]) -> str:
 def goal_met(result: ArmResult) -> str:
     """Yes/no: Fairway's own median against `GOALS_MS`; "-": no goal (or vLLM's arm)."""
     goal = GOALS_MS.get((result.waiting, result.kind))
-    if goal is None or result.arm == "vllm":
+    if goal is None or is_vllm(result.arm):
         return "-"
     return "yes" if result.own_median_ms <= goal else "no"
 
@@ -524,7 +710,7 @@ def markdown(results: list[ArmResult]) -> str:
     """One row per size, kind and arm: the step's median and p90, the added median over vLLM's,
     Fairway's own time (median, p90) and its goal, the pre-pass, vLLM's part per started
     request and the requests started per "admit" step."""
-    base = {(r.waiting, r.kind): r for r in results if r.arm == "vllm"}
+    base = {(r.arm, r.waiting, r.kind): r for r in results if is_vllm(r.arm)}
     lines = [
         "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | ratio | "
         "Fairway's own median / p90 ms | goal met | pre-pass median ms | vLLM per start ms | "
@@ -532,9 +718,12 @@ def markdown(results: list[ArmResult]) -> str:
         "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind))):
-        b = base.get((r.waiting, r.kind))
-        arm = "vLLM Scheduler" if r.arm == "vllm" else f"Fairway ({r.arm})"
-        if b is None or r.arm == "vllm":
+        b = base.get((base_arm(r.arm), r.waiting, r.kind))
+        if is_vllm(r.arm):
+            arm = "vLLM Scheduler" + (" (+tier)" if is_tier(r.arm) else "")
+        else:
+            arm = f"Fairway ({r.arm})"
+        if b is None or is_vllm(r.arm):
             added, own = "-", "-"
         else:
             added = f"{r.median_ms - b.median_ms:+.3f}"
@@ -546,6 +735,63 @@ def markdown(results: list[ArmResult]) -> str:
         lines.append(
             f"| {r.waiting:,} | {r.kind} | {arm} | {r.median_ms:.3f} | {r.p90_ms:.3f} | "
             f"{added} | {ratio} | {own} | {goal_met(r)} | {prepass} | {per_start} | {started} |"
+        )
+    return "\n".join(lines)
+
+
+def tier_pairs(results: list[ArmResult]) -> list[tuple[ArmResult, ArmResult]]:
+    """(POLICY, POLICY+tier) rows of the same size and kind, vLLM's two arms first."""
+    rows = {(r.arm, r.waiting, r.kind): r for r in results}
+    pairs = []
+    for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind), not is_vllm(r.arm))):
+        if is_tier(r.arm):
+            plain = "+".join([arm_parts(r.arm)[0], *sorted(arm_parts(r.arm)[1] - {"tier"})])
+            other = rows.get((plain, r.waiting, r.kind))
+            if other is not None:
+                pairs.append((other, r))
+    return pairs
+
+
+def tier_goal_met(plain: ArmResult, tiered: ArmResult) -> str:
+    """Yes/no: the tier's addition to Fairway's own median against `TIER_GOAL_MS`; "-": none."""
+    goal = TIER_GOAL_MS.get((tiered.waiting, tiered.kind))
+    if goal is None or is_vllm(tiered.arm):
+        return "-"
+    return "yes" if tiered.own_median_ms - plain.own_median_ms <= goal else "no"
+
+
+def tier_markdown(results: list[ArmResult]) -> str:
+    """One row per size, kind and pair (POLICY, POLICY+tier): Fairway's own median without and
+    with the tier and the difference (what the tier lookup adds), the same for the pre-pass and
+    for vLLM's part of the step, and the waiting requests the probe found in the tier."""
+
+    def ms(value: float | None) -> str:
+        return f"{value:.3f}" if value is not None else "-"
+
+    def diff(a: float | None, b: float | None) -> str:
+        return f"{b - a:+.3f}" if a is not None and b is not None else "-"
+
+    lines = [
+        "| waiting | step kind | arms | Fairway's own median ms | + tier ms | pre-pass median ms "
+        "| + tier ms | vLLM's part median ms | + tier ms | waiting with a tier hit | "
+        "tier tokens | tier lookups | tier goal met |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for plain, tiered in tier_pairs(results):
+        vllm = is_vllm(plain.arm)
+        own = "-" if vllm else f"{plain.own_median_ms:.3f} / {tiered.own_median_ms:.3f}"
+        own_diff = "-" if vllm else diff(plain.own_median_ms, tiered.own_median_ms)
+        hits, tokens = (
+            "-" if value is None else f"{value:,.1f}".removesuffix(".0")
+            for value in (tiered.tier_hits_median, tiered.tier_tokens_median)
+        )
+        lines.append(
+            f"| {plain.waiting:,} | {plain.kind} | {plain.arm} / {tiered.arm} | {own} | "
+            f"{own_diff} | {ms(plain.prepass_ms)} / {ms(tiered.prepass_ms)} | "
+            f"{diff(plain.prepass_ms, tiered.prepass_ms)} | "
+            f"{plain.vllm_median_ms:.3f} / {tiered.vllm_median_ms:.3f} | "
+            f"{diff(plain.vllm_median_ms, tiered.vllm_median_ms)} | {hits} | {tokens} | "
+            f"{tiered.tier_lookup_steps} | {tier_goal_met(plain, tiered)} |"
         )
     return "\n".join(lines)
 
@@ -571,10 +817,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="requests spread over this many tenants (vllm_xargs); an arm POLICY+tenants lists "
         "them (the `tenants` option), the others ignore them (default 1: no tenants)",
     )
+    parser.add_argument(
+        "--tier-blocks", type=int, default=None,
+        help="CPU offload tier of the POLICY+tier arms, in blocks (vLLM's OffloadingConnector; "
+        "default: 4 x the shared prefixes' blocks)",
+    )
+    parser.add_argument(
+        "--gpu-prefixes", type=int, default=None,
+        help="in a run with a +tier arm, every arm's GPU cache holds this many prefixes' "
+        f"blocks plus {TIER_RUN_SLOT_BLOCKS} per running slot (default: --prefixes / 4)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if min(args.sizes) < 1 or args.steps < args.rounds or args.bursts < 1:
         parser.error("--sizes must be >= 1, --steps >= --rounds, --bursts >= 1")
+    for arm in args.policies:
+        policy, flags = arm_parts(arm)
+        if policy == "vllm" or not flags <= set(ARM_FLAGS):
+            parser.error(f"--policies: {arm!r} is not POLICY[+tenants][+tier]")
+    if any(is_tier(arm) for arm in args.policies):
+        prefix_blocks = PREFIX_TOKENS // BLOCK_SIZE
+        if args.tier_blocks is None:
+            args.tier_blocks = 4 * args.prefixes * prefix_blocks
+        if args.gpu_prefixes is None:
+            args.gpu_prefixes = max(1, args.prefixes // 4)
+        if args.tier_blocks < 1 or not 0 <= args.gpu_prefixes <= args.prefixes:
+            parser.error("--tier-blocks must be >= 1, --gpu-prefixes in [0, --prefixes]")
+    elif args.tier_blocks is not None or args.gpu_prefixes is not None:
+        parser.error("--tier-blocks / --gpu-prefixes need a POLICY+tier arm in --policies")
 
     from fairway.vllm import offline
 
@@ -589,17 +859,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for policy in args.policies:
             memory[policy] = memory_per_request(work, policy, args)
     table = markdown(results)
+    tier_table = tier_markdown(results) if any(is_tier(r.arm) for r in results) else None
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     took = time.perf_counter() - started
     print(f"Python {platform.python_version()} on {machine}; {took:.0f} s\n")
     print(table)
+    if tier_table is not None:
+        print(
+            f"\nThe offload tier ({args.tier_blocks:,} blocks; every arm's GPU cache "
+            f"{args.gpu_prefixes} of {args.prefixes} prefixes + {TIER_RUN_SLOT_BLOCKS} blocks per "
+            "running slot): each arm without and with it (medians; 'waiting with a tier hit' "
+            "and 'tier tokens' over the steps whose pre-pass looked the tier up, 'tier lookups' "
+            "of them).\n"
+        )
+        print(tier_table)
     speed = speed_scaled(results)
     if speed is not None:
         print(f"\n{speed_line(speed)}")
     for policy, size in memory.items():
         print(f"\nFairway ({policy}) keeps {size:,.0f} bytes per waiting request.")
     report = {
-        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "config": {  # the tier's settings only in a run with a tier (others stay as they were)
+            k: v for k, v in vars(args).items()
+            if k != "json" and not (k in ("tier_blocks", "gpu_prefixes") and v is None)
+        },
         "block_size": BLOCK_SIZE,
         "prompt_tokens": [PREFIX_TOKENS, PREFIX_TOKENS + SUFFIX_MAX],
         "machine": machine,
@@ -608,6 +891,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "speed": speed,
         "markdown": table,
     }
+    if tier_table is not None:
+        report["tier_markdown"] = tier_table
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -3,7 +3,8 @@
 Against a running server (`--url`), or a vLLM server this command starts on 127.0.0.1 and stops
 afterwards (`--model DIR`, vLLM arguments after `--`; `fairway.supervisor`). The measuring is
 `fairway.profiling.profiler`; this module parses arguments and prints. `register(subparsers)`
-adds the verb to the `fairway` parser.
+adds the verb to the `fairway` parser. On a CUDA machine it also measures the offload tier's
+load cost (`fairway.profiling.copy_rate`) into the table's `metadata["load_cost"]`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model-name", default=None, metavar="TEXT",
                    help="how the table names the model (default: the served model name)")
     p.add_argument("--note", default=None, metavar="TEXT", help="a note for the metadata")
+    p.add_argument("--kv-bytes-per-token", type=_positive_int, default=None, metavar="N",
+                   help="the model's KV cache bytes per token, for the offload tier's load cost "
+                   "(default: from the model's config.json; needed with --url when the served "
+                   "model's config cannot be found). The copy rates are measured on this "
+                   "machine's GPU; without CUDA no load cost is written")
     p.add_argument("--served-model", default=None, metavar="NAME",
                    help="model name to request (default: the first listed by /v1/models)")
     p.add_argument("--vocab-size", type=_positive_int, default=DEFAULT_VOCAB_SIZE,
@@ -172,6 +178,8 @@ def _profile(args: argparse.Namespace) -> int:
         hardware, hardware_detected = args.hardware or "unknown", False
         extra["server"] = {"url": args.url}
         run = profiler.measure(args.url, settings, progress=_say)
+    # After the server stopped, so that its KV cache does not hold the GPU's memory.
+    no_load_cost = _measure_load_cost(args, vllm_args, run.server.model, extra)
     if args.model_name:
         extra["model"] = args.model_name
         extra["served_model_name"] = run.server.model
@@ -189,11 +197,39 @@ def _profile(args: argparse.Namespace) -> int:
         print(f"fairway: warning: {exc}; the file keeps step_time 'table'", file=sys.stderr)
         outcome = build("table")
     outcome.profile.save(output)
+    if no_load_cost is not None:
+        from fairway.profiling.load_cost import estimate
+
+        _say(f"no load_cost measured ({no_load_cost}): the offload tier's load cost will be "
+             f"the estimate for the GPU class of {hardware!r} (load_cost.estimate: "
+             f"{estimate(outcome.profile).note})")
     print(profiler.format_report(outcome))
     print(f"wrote {output} ({len(outcome.profile.points)} points; hardware: {hardware})")
     if not args.no_plot:
         _plot(outcome, Path(args.plot) if args.plot else output.with_suffix(".png"))
     return 0
+
+
+def _measure_load_cost(args: argparse.Namespace, vllm_args: Sequence[str], served_model: str,
+                       extra: dict[str, Any]) -> str | None:
+    """Measure the tier's load figures into `extra["load_cost"]`; the reason when none are."""
+    from fairway.profiling import copy_rate
+    from fairway.vllm_argv import flag_value  # imports no vLLM
+
+    kv_dtype = flag_value(vllm_args, "kv-cache-dtype")
+    if kv_dtype in (None, "auto"):
+        kv_dtype = flag_value(vllm_args, "dtype")
+    try:
+        cost = copy_rate.measure_load_cost(
+            model=args.model if args.model is not None else served_model,
+            kv_bytes_per_token=args.kv_bytes_per_token, kv_dtype=kv_dtype,
+        )
+    except ProfileError as exc:
+        return str(exc)
+    extra["load_cost"] = cost.to_json()
+    _say(f"load cost: {cost.kv_bytes_per_token} KV bytes per token, "
+         f"h2d {cost.h2d_bytes_per_s / 1e9:.1f} GB/s, d2h {cost.d2h_bytes_per_s / 1e9:.1f} GB/s")
+    return None
 
 
 def _from_step_log(args: argparse.Namespace, output: Path) -> int:
@@ -270,6 +306,8 @@ def command_line(args: argparse.Namespace, vllm_args: Sequence[str]) -> str:
     parts += [item for flag, value in optional if value is not None for item in (flag, value)]
     if args.step_time != "table":
         parts += ["--step-time", args.step_time]
+    if args.kv_bytes_per_token is not None:
+        parts += ["--kv-bytes-per-token", str(args.kv_bytes_per_token)]
     if args.vocab_size != DEFAULT_VOCAB_SIZE:
         parts += ["--vocab-size", str(args.vocab_size)]
     if args.no_stream:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from typing import Any
 
@@ -56,6 +57,14 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--max-num-seqs", type=_positive_int, default=None, metavar="N",
                        help="the engine's limit on running requests, as vLLM's flag of that "
                        "name (default 256, sim.DEFAULT_MAX_NUM_SEQS)")
+    bench.add_argument("--kv-offloading-size", type=_positive_float, default=None,
+                       metavar="GiB", dest="kv_offloading_size",
+                       help="a CPU KV offload tier of this many GiB, as vLLM's flag of that "
+                       "name: vLLM's OffloadingConnector with its own scheduler half (hits, "
+                       "loads, stores, flushes), the worker's copies timed by the profile's "
+                       "load cost (host-device rates and KV bytes per token: an estimate for "
+                       "the profile's GPU class unless the profile has measured figures); "
+                       "default: no tier")
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="output directory (default results/bench-<timestamp>; an existing "
                        "non-empty one gets a -2, -3, ... suffix, never overwritten)")
@@ -133,6 +142,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0.0):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def _share(text: str) -> float:
     """An argparse type: a number in [0, 1]."""
     try:
@@ -162,6 +182,7 @@ def bench_config(args: argparse.Namespace) -> Any:
         "cache_fraction": args.cache_fraction,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
+        "kv_offloading_gib": args.kv_offloading_size,
     }
     return BenchConfig(
         **{k: v for k, v in given.items() if v is not None},

@@ -271,6 +271,8 @@ class BenchConfig:
     max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
     #: vLLM's limit on running requests (`--max-num-seqs`).
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    #: vLLM's `--kv-offloading-size`: a CPU offload tier of this many GiB; None: no tier.
+    kv_offloading_gib: float | None = None
     #: Output directory; None: results/bench-<timestamp>.
     out: str | None = None
     #: Local worker processes (0: in this process).
@@ -312,6 +314,9 @@ def replay_options(config: BenchConfig) -> dict[str, Any]:
 
         load(config.profile)  # a bad path fails here, once, not in every worker
         options["profile"] = config.profile
+    if config.kv_offloading_gib is not None:
+        check_kv_offloading(config.kv_offloading_gib, config.profile)
+        options["kv_offloading_gib"] = config.kv_offloading_gib
     return options
 
 
@@ -374,6 +379,20 @@ def check_num_blocks(num_blocks: int, traces: Sequence[tuple[str, Any]],
                 "more, or drop --num-blocks (--cache-fraction sizing never goes below the "
                 "largest request)"
             )
+
+
+def check_kv_offloading(gib: float, profile: str | None, block_size: int = BLOCK_SIZE) -> int:
+    """The tier blocks `--kv-offloading-size gib` gives under `profile`'s load cost, checked
+    here once (a bad size fails before any worker starts).
+
+    Raises:
+        FairwayConfigError: not a number > 0, or less than one block.
+    """
+    from fairway.profiling.load_cost import for_profile
+    from fairway.replay.offload_sim import blocks_for_gib
+    from fairway.replay.sim import resolve_profile
+
+    return blocks_for_gib(gib, for_profile(resolve_profile(profile)), block_size)
 
 
 def failed_replays(results: Sequence[ReplayResult]) -> list[ReplayResult]:

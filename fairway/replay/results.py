@@ -52,11 +52,15 @@ class RequestResult:
         prompt_tokens: prompt length in tokens.
         first_scheduled_s: when the engine first scheduled it (virtual replay only; None live).
         first_token_s: when its first output token arrived; None if it never did.
-        cached_tokens: prefix-cache hit in tokens when it was scheduled, if known.
+        cached_tokens: prefix-cache hit in tokens when it was scheduled, if known (with a CPU
+            offload tier: the GPU hit plus the tokens loaded from the tier).
         error: why it failed ("HTTP 500: ...", "timeout after 30 s", "interrupted"), or None.
         tags: the trace's free-form tags, copied so reports can group by them.
         tenant: the trace request's tenant (None: the default tenant).
         priority: the trace request's vLLM priority (0: vLLM's default).
+        tier_tokens: tokens vLLM loaded for it from the CPU offload tier (`--kv-offloading-size`);
+            None without a tier, and then left out of the file (files without a tier are
+            unchanged).
     """
 
     request_id: str
@@ -70,6 +74,7 @@ class RequestResult:
     tags: dict[str, Any] = field(default_factory=dict)
     tenant: str | None = None
     priority: int = 0
+    tier_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -90,14 +95,19 @@ class RequestResult:
         return self.cached_tokens >= HIT_SHARE * self.prompt_tokens
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready fields (no derived values: `ttft_s` is recomputed on load)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Plain JSON-ready fields (no derived values: `ttft_s` is recomputed on load);
+        `tier_tokens` only when a tier was configured."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.tier_tokens is None:
+            del data["tier_tokens"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestResult:
         """Inverse of `to_dict`; unknown or missing required fields raise `ResultError`.
 
-        Fields with a default may be absent (files written before `tenant` and `priority`).
+        Fields with a default may be absent (files written before `tenant` and `priority`;
+        `tier_tokens` without a tier).
         """
         return _construct(cls, data, "request")
 

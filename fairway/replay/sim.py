@@ -5,11 +5,13 @@ The engine is vLLM's own `Scheduler` (Fairway's subclass with the named policy),
 preemption are the code that ships. What is simulated is only time: each step takes the cost
 model's time for the prompt spans it computed (`fairway.profiling.step_time`), and the policy reads
 that virtual clock. One job per object: `VirtualClock` keeps time, a `StepTimeModel` prices a step,
-`_Recorder` fills the `RequestResult`s, and `replay()` is the loop that connects them.
+`_Recorder` fills the `RequestResult`s, and `replay()` is the loop that connects them. With a CPU
+offload tier (vLLM's `--kv-offloading-size`), vLLM's `OffloadingConnector` plans the transfers
+inside the engine and `fairway.replay.offload_sim.TierTransfers` times its worker's copies.
 
-Must not import vllm at import time: everything engine-side goes through `fairway.vllm.offline`
-and `fairway.vllm.internals`, imported where they are used, so that importing this module stays
-cheap.
+Must not import vllm at import time: everything engine-side goes through `fairway.vllm.offline`,
+`fairway.vllm.internals` and `fairway.vllm.offload_worker`, imported where they are used, so
+that importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ import fairway
 import fairway.policies as policies
 from fairway.errors import FairwayConfigError, TraceError
 from fairway.options import FairwayOptions
+from fairway.profiling import load_cost as load_costs
 from fairway.profiling import step_time
+from fairway.profiling.load_cost import LoadCost
 from fairway.profiling.step_time import StepTimeModel
 from fairway.profiling.table import DEFAULT_PROFILE, PrefillProfile, default_profile
 from fairway.profiling.table import load as load_profile
+from fairway.replay import offload_sim
+from fairway.replay.offload_sim import TierTransfers
 from fairway.replay.results import ReplayResult, RequestResult
 from fairway.traces.stats import trace_stats
 
@@ -254,7 +260,9 @@ class _Recorder:
             self.error[i] = reason
             self.num_done += 1
 
-    def results(self) -> list[RequestResult]:
+    def results(self, tier_tokens: Mapping[str, int] | None = None) -> list[RequestResult]:
+        """One result per trace request; `tier_tokens` (a tier's loads per request id) sets
+        each request's `tier_tokens` (0 when it loaded nothing); None: no tier."""
         out = []
         for i, r in enumerate(self.requests):
             error = self.error[i]
@@ -272,6 +280,7 @@ class _Recorder:
                 tags=dict(r.tags),
                 tenant=r.tenant,
                 priority=r.priority,
+                tier_tokens=None if tier_tokens is None else tier_tokens.get(r.request_id, 0),
             ))
         return out
 
@@ -351,6 +360,9 @@ def replay(
     progress: bool = False,
     hooks: ReplayHooks | None = None,
     scheduling_policy: str | None = None,
+    kv_offloading_gib: float | None = None,
+    offload_blocks: int | None = None,
+    load_cost: LoadCost | None = None,
 ) -> ReplayResult:
     """Replay `trace` under `policy` through vLLM's real Scheduler on a virtual clock.
 
@@ -360,6 +372,9 @@ def replay(
     arrival. Per request: first schedule time (start of the step that first gave it tokens),
     first token time (end of the step that completed its prompt), cached tokens at admission.
     Every trace request gets a result; one that can never run is recorded with `error` set.
+    With an offload tier, a tier hit waits (vLLM's `WAITING_FOR_REMOTE_KVS`) until its load is
+    reported; its first schedule time is the start of the step after, its cached tokens
+    include the loaded ones (`tier_tokens`), and a step waits for the stores vLLM flushes.
 
     Args:
         trace: the workload.
@@ -383,6 +398,14 @@ def replay(
         scheduling_policy: vLLM's `--scheduling-policy` (fcfs or priority); None: priority
             when the trace carries priorities, else fcfs. A trace with tenants gets them as the
             `tenants` option (weight 1 each) unless the options list tenants.
+        kv_offloading_gib: vLLM's `--kv-offloading-size`: a CPU offload tier of this many GiB,
+            in blocks of `block_size` tokens at the load cost's KV bytes per token (floored).
+            vLLM's `OffloadingConnector` runs its scheduler half in the engine; its worker's
+            copies are timed by `TierTransfers`. None (and no `offload_blocks`): no tier, and
+            the replay is exactly the tier-less one.
+        offload_blocks: the tier's size in blocks instead (not with `kv_offloading_gib`).
+        load_cost: the tier's copy figures; None: `load_cost.for_profile` of the table (its
+            measured figures, else the estimate for its GPU class). Unused without a tier.
 
     Returns:
         The `ReplayResult` (`simulated_s` = virtual seconds, `wall_s` = real seconds).
@@ -392,7 +415,7 @@ def replay(
             shorter one replays, `max_model_len` sized to it (`model_len`).
     """
     check_prompt_lengths(trace, trace_name)  # before vLLM's import, so a worker fails fast
-    from fairway.vllm import offline  # lazy: imports vLLM (~5-10 s)
+    from fairway.vllm import offline, offload_worker  # lazy: imports vLLM (~5-10 s)
     from fairway.vllm.scheduler import FairwayScheduler
 
     started = time.perf_counter()
@@ -403,6 +426,7 @@ def replay(
         max_num_batched_tokens=max_num_batched_tokens,
     )
     max_model_len = model_len(trace, block_size)
+    tier_size = _tier_size(table, block_size, kv_offloading_gib, offload_blocks, load_cost)
     # A name or path travels as such (short start-up log line); the policy loads the same table.
     ref = DEFAULT_PROFILE if profile is None else profile
     ref = ref if isinstance(ref, PrefillProfile) else str(ref)
@@ -421,22 +445,31 @@ def replay(
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         log_stats=False,  # no Prometheus series per replay; the totals are kept anyway
+        kv_transfer_config=(None if tier_size is None  # vLLM's default: no connector
+                            else offload_worker.transfer_config(tier_size.blocks)),
     )
     assert isinstance(scheduler, FairwayScheduler)  # a policy is named: Fairway's class
+    tier = None
+    if tier_size is not None:
+        offload_worker.check_tier_blocks(scheduler, tier_size.blocks)
+        tier = TierTransfers(tier_size.cost, block_size)
+        offload_worker.order_finished_ids(scheduler)
     clock = VirtualClock()
     scheduler.set_fairway_clock(clock)
     if hooks is not None and hooks.on_start is not None:
         hooks.on_start(scheduler)
-    loop = _Loop(trace, scheduler, cost, clock, block_size, progress, hooks)
+    loop = _Loop(trace, scheduler, cost, clock, block_size, progress, hooks, tier)
     loop.run()
     wall = time.perf_counter() - started
     settings = _settings(trace, policy, scheduler, cost, sizing, loop)
     settings["profile"] = ref if isinstance(ref, str) else "(PrefillProfile object)"
+    if tier_size is not None and tier is not None:
+        settings["kv_offloading"] = tier_size.to_json(table, tier)
     result = ReplayResult(
         policy=policy,
         trace_name=trace_name or default_trace_name(trace),
         settings=settings,
-        requests=loop.recorder.results(),
+        requests=loop.recorder.results(None if tier is None else tier.loaded_by_request),
         wall_s=wall,
         simulated_s=clock.now,
     )
@@ -446,7 +479,54 @@ def replay(
         result.trace_name, policy, len(trace), loop.num_steps, clock.now, wall,
         clock.now / wall if wall > 0 else float("inf"), result.n_errors,
     )
+    if tier_size is not None and tier is not None:
+        counts = tier.counters
+        logger.info(
+            "offload tier of %d blocks: %d loads (%d tokens), %d stores (%d tokens), "
+            "%.3f s of flush waits (load cost: %s)", tier_size.blocks, counts.loads,
+            counts.loaded_tokens, counts.stores, counts.stored_tokens, counts.flush_wait_s,
+            tier.cost.source,
+        )
     return result
+
+
+@dataclass(frozen=True)
+class _TierSize:
+    """The CPU offload tier a replay was asked for, resolved to blocks."""
+
+    blocks: int
+    gib: float
+    cost: LoadCost
+
+    def to_json(self, table: PrefillProfile, tier: TierTransfers) -> dict[str, Any]:
+        """The settings' `kv_offloading` entry: size, copy figures and the traffic's totals."""
+        return {
+            "gib": self.gib,
+            "blocks": self.blocks,
+            "load_cost": self.cost.to_json(),
+            "load_to_compute": self.cost.load_to_compute(table),
+            **tier.counters.to_json(),
+        }
+
+
+def _tier_size(table: PrefillProfile, block_size: int, gib: float | None, blocks: int | None,
+               cost: LoadCost | None) -> _TierSize | None:
+    """The tier of `replay()`'s arguments (None: no tier); bad values raise
+    `FairwayConfigError` before vLLM builds anything."""
+    if gib is None and blocks is None:
+        return None
+    if gib is not None and blocks is not None:
+        raise FairwayConfigError(
+            f"give the offload tier's size once: kv_offloading_gib={gib!r} or "
+            f"offload_blocks={blocks!r}, not both"
+        )
+    cost = cost if cost is not None else load_costs.for_profile(table)
+    if blocks is None:
+        assert gib is not None
+        return _TierSize(offload_sim.blocks_for_gib(gib, cost, block_size), float(gib), cost)
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise FairwayConfigError(f"offload_blocks must be an integer >= 1, got {blocks!r}")
+    return _TierSize(blocks, offload_sim.gib_of_blocks(blocks, cost, block_size), cost)
 
 
 class _Loop:
@@ -454,7 +534,7 @@ class _Loop:
 
     def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
                  clock: VirtualClock, block_size: int, progress: bool,
-                 hooks: ReplayHooks | None) -> None:
+                 hooks: ReplayHooks | None, tier: TierTransfers | None = None) -> None:
         from fairway.vllm import offline  # lazy, as every vLLM-side import here
 
         self.requests = trace.requests
@@ -466,6 +546,7 @@ class _Loop:
         self.recorder = _Recorder(trace.requests)
         self.on_step = hooks.on_step if hooks is not None else None
         self.progress = progress
+        self.tier = tier
         self.num_steps = 0
         self.next_arrival = 0
         self.empty_steps = 0
@@ -482,11 +563,18 @@ class _Loop:
                 busy = self.scheduler.has_unfinished_requests()
                 if not busy and self.next_arrival >= len(self.requests):
                     break
-                if not busy:
+                if not busy and not self._tier_pending():
                     self.clock.jump_to(self.requests[self.next_arrival].arrival_s)
                     continue
                 done_before = self.recorder.num_done
+                polling = self._tier_pending()
                 if self._step():
+                    self.empty_steps = 0
+                elif polling:
+                    # vLLM's engine keeps stepping (polling its worker) while transfers are in
+                    # flight: a poll is no stall, and the polls that would find nothing are
+                    # skipped
+                    self._wait_for_tier()
                     self.empty_steps = 0
                 else:
                     # an engine loops again at once after a step with nothing to schedule (a
@@ -515,13 +603,17 @@ class _Loop:
 
     def _step(self) -> bool:
         """One engine step; False when it scheduled nothing."""
-        from fairway.vllm import internals, offline
+        from fairway.vllm import internals, offline, offload_worker
 
         scheduler = self.scheduler
         output = scheduler.schedule()
         scheduled = internals.scheduled_tokens(output)
         spans = internals.scheduled_spans(scheduler, scheduled)
         start = self.clock.now
+        tier = self.tier
+        if tier is not None:  # the step's forward pass waits for its flushed stores
+            offload_worker.order_finished_ids(scheduler)
+            self.clock.advance(tier.start_step(offload_worker.step_metadata(output), start))
         if spans:
             self.clock.advance(self.cost.step_time_s([(s, e) for s, e, _ in spans.values()]))
             end = self.clock.now
@@ -529,6 +621,8 @@ class _Loop:
                 self.recorder.scheduled(request_id, s, e, prompt, start, end)
             self.num_steps += 1
         model_output = offline.fake_model_output(scheduler, output)
+        if tier is not None:
+            model_output.kv_connector_output = tier.finish_step(self.clock.now)
         finished = offline.finished_ids(scheduler.update_from_output(output, model_output))
         for request_id in finished:  # only errors remain: a finished prefill has its token
             self.recorder.fail(request_id, self._failure(request_id))
@@ -547,6 +641,21 @@ class _Loop:
             f"finished by the engine without a first token (a {tokens}-token prompt; the KV "
             f"cache has {blocks} usable blocks of {self.block_size} tokens)"
         )
+
+    def _tier_pending(self) -> bool:
+        return self.tier is not None and self.tier.pending
+
+    def _wait_for_tier(self) -> None:
+        """After a step with nothing to schedule while the tier has jobs: move to the next
+        completion or arrival, whichever is first (no move when only deferred stores are left:
+        the next step submits them)."""
+        assert self.tier is not None
+        when = self.tier.next_completion()
+        if when is None:
+            return
+        if self.next_arrival < len(self.requests):
+            when = min(when, self.requests[self.next_arrival].arrival_s)
+        self.clock.jump_to(max(self.clock.now, when))
 
     def _stalled(self) -> None:
         """Nothing could be scheduled: wait for the next arrival, or give up on the rest."""

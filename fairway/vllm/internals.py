@@ -680,13 +680,6 @@ def offload_manager(tier_scheduler: Any) -> Any:
     return tier_scheduler.manager  # vLLM internal: OffloadingConnectorScheduler.manager
 
 
-def offload_key_maker() -> Callable[[bytes, int], bytes]:
-    """vLLM's `make_offload_key(block_hash, group_idx)`."""
-    from vllm.v1.kv_offload.base import make_offload_key
-
-    return make_offload_key
-
-
 def offload_lookup_results() -> tuple[Any, Any]:
     """vLLM's `LookupResult.HIT` and `LookupResult.MISS` (others mean pending or retry)."""
     from vllm.v1.kv_offload.base import LookupResult
@@ -712,11 +705,44 @@ def offload_chunks_being_loaded(tier_scheduler: Any) -> set[bytes] | None:
     return tier_scheduler._chunks_being_loaded  # vLLM internal: ._chunks_being_loaded
 
 
-def offload_version(tier_scheduler: Any) -> tuple[int, int, int]:
-    """Changes whenever the tier's contents may have: a job created (a store may evict), a job
-    completed (a store becomes readable), the cache reset."""
-    # vLLM internal: OffloadingConnectorScheduler._job_counter / _jobs; CPUOffloadingManager.
-    # _cache_generation (absent on other managers: 0)
-    manager = tier_scheduler.manager
-    return (tier_scheduler._job_counter, len(tier_scheduler._jobs),
-            getattr(manager, "_cache_generation", 0))
+def offload_key_suffix(group_idx: int) -> bytes:
+    """What vLLM's offload key appends to a block hash for a KV group (`make_offload_key`,
+    0.32: the group index in 4 big-endian bytes); checked against vLLM's own function."""
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    suffix = group_idx.to_bytes(4, "big", signed=False)
+    if make_offload_key(b"fairway-check", group_idx) != b"fairway-check" + suffix:
+        raise FairwayError("vLLM's offload key encoding changed (make_offload_key)")
+    return suffix
+
+
+def observe_offload_changes(
+    manager: Any, changed: Callable[[Iterable[bytes]], None], reset: Callable[[], None]
+) -> None:
+    """Be told which offload keys the tier's manager stores, evicts or completes, and when it is
+    reset: its `prepare_store`, `complete_store` and `reset_cache` are wrapped on the instance,
+    each calling vLLM's own method and returning its result unchanged (an observer, as vLLM's
+    own KV events are, which are off unless `--kv-events-config` turns them on)."""
+    prepare, complete, clear = manager.prepare_store, manager.complete_store, manager.reset_cache
+
+    def prepare_store(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        result = prepare(keys, *args, **kwargs)
+        if result is not None:
+            # vLLM internal: PrepareStoreOutput.keys_to_store / evicted_keys
+            changed(result.keys_to_store)
+            changed(result.evicted_keys)
+        return result
+
+    def complete_store(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        result = complete(keys, *args, **kwargs)
+        changed(keys)
+        return result
+
+    def reset_cache(*args: Any, **kwargs: Any) -> Any:
+        result = clear(*args, **kwargs)
+        reset()
+        return result
+
+    # vLLM internal: OffloadingManager.prepare_store / complete_store / reset_cache
+    manager.prepare_store, manager.complete_store = prepare_store, complete_store
+    manager.reset_cache = reset_cache

@@ -460,6 +460,10 @@ class PrefixMemo:
         """Waiting requests not looked up yet (ordered as misses until they are)."""
         return sum(1 for hit in self._pending if hit.slot >= 0 and not hit.probed)
 
+    def unprobed_slots(self) -> list[int]:
+        """Slots of the waiting requests not looked up yet."""
+        return [hit.slot for hit in self._pending if hit.slot >= 0 and not hit.probed]
+
     def _probe_pending(self) -> None:
         pending = self._pending
         if not self._pending_sorted:

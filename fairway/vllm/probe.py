@@ -114,7 +114,8 @@ class PrefixProbe:
         prompt), and the requests the connector would defer set behind the ordered ones."""
         gpu = self.memo.cached[slots]
         tokens, deferred = tier.lookup(
-            current, slots, gpu, self.slots.slot_of, self._requests_by_id()
+            current, slots, gpu, self.slots.slot_of, self._requests_by_id(),
+            self.memo.unprobed_slots(),
         )
         cached = self.memo.cached
         if tokens.any() and tier.weight > 0:

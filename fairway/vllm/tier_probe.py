@@ -10,17 +10,19 @@ manager's `lookup()` (a dict read for vLLM's CPU manager: no touch, no load prep
 so that the order prices a tier hit before vLLM serves it (`tests/integration/test_tier_probe.py`
 checks the probe against what the connector then loads, request for request).
 
-Memo per slot, as the GPU probe's: the run found for a request stays valid while the tier did
-not change (`internals.offload_version`: no transfer job created or finished, no reset) and the
-request's GPU hit ends in the same chunk. When the tier changed, a run is re-verified by its two
-ends (its last chunk still held, the next one still missing) and rescanned when either moved or
-when it had a pending chunk; an eviction inside a run whose ends stay is seen when the request is
-rescanned, and the connector's own lookup at admission is the truth in any case.
+Memo per slot, kept up to date by what changed: the manager's stores, evictions and completed
+stores are observed (`internals.observe_offload_changes`), and a slot is looked at again only
+when one of its run's end keys (the first and the last chunk of the run, the chunk after it)
+changed, when its GPU hit ends in another chunk, or while its run has a pending chunk. Looking at
+it again checks those ends and scans only what moved (a GPU hit that shrank: the chunks between
+the new and the old start). An eviction inside a run whose ends stay is not seen until an end
+changes; the connector's own lookup at admission is the truth in any case (an over-estimate
+orders one request early, vLLM then computes what the tier did not hold).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,27 +48,32 @@ class TierProbe:
         weight: the share of a GPU hit one tier token counts as in the order's cached prefix h
             (so its work is c + (1 - weight) x tier tokens): 1 - load/compute for `priced`.
         chunk_tokens: tokens per offload chunk (the tier's granularity).
+        last_tokens / last_deferred: tier-hit tokens and deferred requests at the last lookup.
     """
 
     def __init__(self, tier_scheduler: Any, weight: float) -> None:
         self._tier = tier_scheduler
-        self.group, self.chunk_tokens, self._hashes_per_chunk = internals.offload_group(
-            tier_scheduler
-        )
+        group, self.chunk_tokens, self._per = internals.offload_group(tier_scheduler)
+        self._suffix = internals.offload_key_suffix(group)
         self._manager = internals.offload_manager(tier_scheduler)
-        self._make_key = internals.offload_key_maker()
         self._hit, self._miss = internals.offload_lookup_results()
         self.weight = float(weight)
-        self._version: tuple[int, int, int] | None = None
-        self._stamp = 0  # bumped when the version changes; a memo of an older stamp is stale
-        capacity = 0
-        self._start = np.zeros(capacity, dtype=np.int64)  # chunk the run starts at (GPU hit)
-        self._end = np.zeros(capacity, dtype=np.int64)  # chunk after the run
-        self._tokens = np.zeros(capacity, dtype=np.int64)  # tier tokens of the run (0: none)
-        self._pending = np.zeros(capacity, dtype=bool)
-        self._seen = np.full(capacity, -1, dtype=np.int64)  # stamp of the memo (-1: none)
-        self._keys: list[list[bytes] | None] = []
-        #: Tier-hit tokens and deferred requests at the last `lookup` (metrics, tests).
+        self._changed: set[bytes] = set()
+        self._reset = False
+        internals.observe_offload_changes(self._manager, self._changed.update, self._on_reset)
+        self._start = np.zeros(0, dtype=np.int64)  # chunk the run starts at (the GPU hit's)
+        self._end = np.zeros(0, dtype=np.int64)  # chunk after the run
+        self._tokens = np.zeros(0, dtype=np.int64)  # tier tokens of the run (0: none)
+        self._pending = np.zeros(0, dtype=bool)  # a chunk of the run is pending or uncertain
+        self._seen = np.zeros(0, dtype=bool)  # the slot has a memo
+        self._ends: list[tuple[bytes, ...]] = []  # the keys the slot is indexed under
+        self._by_key: dict[bytes, set[int]] = {}
+        #: Runs scanned in the current lookup: key of the first chunk -> (first chunk, chunk
+        #: after the run, key of its last chunk). Chunk keys are chained hashes, so a row whose
+        #: key at that last chunk is the same shares the whole run: requests of one document
+        #: scan it once per step, not once each (scheduler_overhead.py +tier, 1,000 waiting,
+        #: 25 per prefix: ~160 lookups per refreshed row -> ~8).
+        self._runs: dict[bytes, tuple[int, int, bytes]] = {}
         self.last_tokens = 0
         self.last_deferred = 0
 
@@ -98,22 +105,24 @@ class TierProbe:
         old = len(self._seen)
         if capacity <= old:
             return
+        capacity = max(capacity, 2 * old, 64)
         for name in ("_start", "_end", "_tokens", "_pending", "_seen"):
             arr = getattr(self, name)
-            grown = np.full(capacity, -1 if name == "_seen" else 0, dtype=arr.dtype)
+            grown = np.zeros(capacity, dtype=arr.dtype)
             grown[:old] = arr
             setattr(self, name, grown)
-        self._keys.extend([None] * (capacity - old))
+        self._ends.extend([()] * (capacity - old))
 
     def forget(self, slot: int) -> None:
         """The slot's request left the queue."""
         if slot < len(self._seen):
-            self._seen[slot] = -1
-            self._keys[slot] = None
+            self._seen[slot] = False
+            self._tokens[slot] = 0
+            self._index(slot, ())
 
     def tokens_of(self, slot: int) -> int:
         """The slot's tier tokens at its last lookup (0: never looked up)."""
-        if slot >= len(self._seen) or self._seen[slot] < 0:
+        if slot >= len(self._seen) or not self._seen[slot]:
             return 0
         return int(self._tokens[slot])
 
@@ -122,6 +131,7 @@ class TierProbe:
     def lookup(
         self, requests: Sequence[Request], slots: np.ndarray, gpu_hits: np.ndarray,
         slot_of: Mapping[Request, int], by_id: Mapping[str, Request],
+        unprobed: Collection[int] = (),
     ) -> tuple[np.ndarray, np.ndarray]:
         """Tier tokens beyond each row's GPU hit, and which rows the connector would defer now.
 
@@ -130,67 +140,74 @@ class TierProbe:
             slots: the rows' slots.
             gpu_hits: the rows' GPU prefix hits in tokens (block-granular).
             slot_of / by_id: slot of a request, request of an id (to find deferred requests).
+            unprobed: slots whose GPU hit is not known yet (no tier lookup for them: their run
+                would start at the prompt's first chunk; they get 0 until the GPU probe has them).
         """
         self.resize(int(slots.max()) + 1 if len(slots) else 0)
-        version = internals.offload_version(self._tier)
-        if version != self._version:
-            self._version = version
-            self._stamp += 1
+        if self._reset:
+            self._reset = False
+            self._seen[:] = False
+            self._by_key.clear()
+            self._ends = [()] * len(self._ends)
         starts = gpu_hits // self.chunk_tokens
-        stale = (self._seen[slots] != self._stamp) | (self._start[slots] != starts)
-        for row in np.flatnonzero(stale).tolist():
-            self._refresh(requests[row], int(slots[row]), int(starts[row]), int(gpu_hits[row]))
-        tokens = self._tokens[slots]
-        deferred = self._pending[slots].copy()
-        busy = internals.offload_busy_requests(self._tier)
-        if busy:
-            marked = {slot_of[r] for rid in busy if (r := by_id.get(rid)) is not None
-                      and r in slot_of}
-            if marked:
-                deferred |= np.isin(slots, np.fromiter(marked, dtype=slots.dtype))
-        loading = internals.offload_chunks_being_loaded(self._tier)
-        if loading:
-            for row in np.flatnonzero(tokens > 0).tolist():
+        stale = ~self._seen[slots] | (self._start[slots] != starts) | self._pending[slots]
+        if self._changed:
+            by_key = self._by_key
+            affected = [s for key in self._changed if (hit := by_key.get(key)) for s in hit]
+            self._changed.clear()
+            if affected:
+                stale |= np.isin(slots, np.fromiter(affected, dtype=slots.dtype))
+        rows = np.flatnonzero(stale)
+        if len(rows):
+            self._runs = {}  # runs found in this lookup, shared by the rows of one prefix
+            skip = set(unprobed)
+            for row in rows.tolist():
                 slot = int(slots[row])
-                keys = self._keys[slot]
-                if keys is not None and not loading.isdisjoint(
-                    keys[self._start[slot]:self._end[slot]]
-                ):
-                    deferred[row] = True
+                if slot in skip:
+                    continue
+                self._refresh(requests[row], slot, int(starts[row]), int(gpu_hits[row]))
+        tokens = self._tokens[slots]
+        if unprobed:
+            tokens = np.where(np.isin(slots, np.fromiter(unprobed, dtype=slots.dtype)), 0, tokens)
+        deferred = self._pending[slots] & (tokens > 0)
+        busy = internals.offload_busy_requests(self._tier)
+        loading = internals.offload_chunks_being_loaded(self._tier)
+        marked = {slot_of[r] for rid in busy if (r := by_id.get(rid)) is not None and r in slot_of}
+        if loading:
+            by_key = self._by_key
+            marked.update(s for key in loading if (hit := by_key.get(key)) for s in hit)
+        if marked:
+            deferred |= np.isin(slots, np.fromiter(marked, dtype=slots.dtype)) & (tokens > 0)
         self.last_tokens = int(tokens.sum())
         self.last_deferred = int(deferred.sum())
         return tokens, deferred
 
     def fresh_tokens(self, request: Request, gpu_hit: int) -> tuple[int, bool]:
         """A full scan that ignores and does not update the memo (tests): (tokens, pending)."""
-        keys = self._keys_of(request, None)
         start = gpu_hit // self.chunk_tokens
-        end, pending = self._scan(request, keys, start, len(keys))
+        end, pending = self._scan(request, start, None)
         return self._run_tokens(request, gpu_hit, end), pending
 
     # --- one request ------------------------------------------------------------------------------
 
+    def _on_reset(self) -> None:
+        self._reset = True
+
     def _refresh(self, request: Request, slot: int, start: int, gpu_hit: int) -> None:
-        """Bring one slot's run up to date: verify it by its ends, rescan when they moved."""
-        keys = self._keys_of(request, slot)
-        stop = len(keys)
-        # vLLM internal: Request.skip_reading_prefix_cache (a request that asked for no reuse)
-        if getattr(request, "skip_reading_prefix_cache", False) or start >= stop:
-            end, pending = start, False
-        elif self._seen[slot] >= 0 and self._start[slot] == start and not self._pending[slot]:
-            end = int(self._end[slot])
-            ctx = None
-            if end > start and self._lookup(request, keys[end - 1], ctx) is not self._hit:
-                end, pending = self._scan(request, keys, start, stop)
-            elif end < stop and self._lookup(request, keys[end], ctx) is not self._miss:
-                end, pending = self._scan(request, keys, end, stop)
-            else:
-                pending = False
-        else:
-            end, pending = self._scan(request, keys, start, stop)
+        """Bring one slot's run up to date: check the ends of the run it had and scan only what
+        moved (all of it while the run had a pending chunk)."""
+        known = None
+        if self._seen[slot] and not self._pending[slot] and self._end[slot] > self._start[slot]:
+            known = (int(self._start[slot]), int(self._end[slot]))
+            if not known[0] <= start < known[1] and start > known[0]:
+                known = None  # the GPU hit passed the whole run: scan from it
+            elif known[0] < start:
+                known = (start, known[1])  # the GPU hit grew into the run
+        end, pending = self._scan(request, start, known)
         self._start[slot], self._end[slot], self._pending[slot] = start, end, pending
         self._tokens[slot] = self._run_tokens(request, gpu_hit, end)
-        self._seen[slot] = self._stamp
+        self._seen[slot] = True
+        self._index(slot, self._end_keys(request, start, end))
 
     def _run_tokens(self, request: Request, gpu_hit: int, end: int) -> int:
         """Tokens the connector loads for a run ending at chunk `end` (0 below one chunk)."""
@@ -198,41 +215,82 @@ class TierProbe:
         tokens = min(request.num_tokens, end * self.chunk_tokens) - gpu_hit
         return tokens if tokens >= self.chunk_tokens else 0
 
-    def _scan(self, request: Request, keys: list[bytes], start: int, stop: int) -> tuple[int, bool]:
-        """(chunk after the run from `start`, whether a chunk of it is pending or uncertain)."""
+    def _key(self, hashes: Sequence[bytes], chunk: int) -> bytes:
+        """vLLM's offload key of a chunk: the hash of its last block + the group's suffix."""
+        return hashes[(chunk + 1) * self._per - 1] + self._suffix
+
+    def _scan(self, request: Request, start: int,
+              known: tuple[int, int] | None) -> tuple[int, bool]:
+        """(chunk after the run from `start`, whether a chunk of it is pending or uncertain).
+
+        `known`: a run [a, b) believed held; reaching chunk a, its first and last chunks are
+        checked and, if both are held, the scan jumps to b.
+        """
+        # vLLM internal: Request.block_hashes / skip_reading_prefix_cache
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return start, False
+        hashes = request.block_hashes
+        stop = len(hashes) // self._per
         ctx = internals.offload_request_context(self._tier, request.request_id)
-        hit, miss = self._hit, self._miss
-        lookup = self._manager.lookup
-        end, pending = start, False
-        for i in range(start, stop):
-            result = lookup(keys[i], ctx)
+        lookup, hit, miss, key = self._manager.lookup, self._hit, self._miss, self._key
+        i, pending = start, False
+        runs = self._runs
+        first = key(hashes, start) if start < stop else None
+        shared = runs.get(first) if first is not None else None
+        if shared is not None and shared[0] == start and shared[1] <= stop and (
+            key(hashes, shared[1] - 1) == shared[2]
+        ):
+            i, known = shared[1], None
+        while i < stop:
+            if known is not None and i == known[0]:
+                a, b = known
+                known = None
+                if b <= stop and lookup(key(hashes, b - 1), ctx) is hit and (
+                    b - 1 == a or lookup(key(hashes, a), ctx) is hit
+                ):
+                    i = b
+                    continue
+            result = lookup(key(hashes, i), ctx)
             if result is hit:
-                end = i + 1
+                i += 1
             elif result is miss:
                 break
             else:  # HIT_PENDING counts toward the run but defers; RETRY defers
                 pending = True
-                end = i + 1
-        return end, pending
+                i += 1
+        if first is not None and i > start and not pending:
+            runs[first] = (start, i, key(hashes, i - 1))
+        return i, pending
 
-    def _lookup(self, request: Request, key: bytes, ctx: Any) -> Any:
-        if ctx is None:
-            ctx = internals.offload_request_context(self._tier, request.request_id)
-        return self._manager.lookup(key, ctx)
-
-    def _keys_of(self, request: Request, slot: int | None) -> list[bytes]:
-        """Offload keys of the request's whole chunks (vLLM's: the last block hash of each)."""
+    def _end_keys(self, request: Request, start: int, end: int) -> tuple[bytes, ...]:
+        """The keys whose change can change the slot's run: its first and last chunk and the
+        chunk after it."""
         hashes = request.block_hashes  # vLLM internal: Request.block_hashes
-        per = self._hashes_per_chunk
-        wanted = len(hashes) // per
-        keys = self._keys[slot] if slot is not None else None
-        if keys is not None and len(keys) == wanted:
-            return keys
-        make, group = self._make_key, self.group
-        keys = [make(hashes[(i + 1) * per - 1], group) for i in range(wanted)]
-        if slot is not None:
-            self._keys[slot] = keys
-        return keys
+        stop = len(hashes) // self._per
+        keys = []
+        if start < stop:
+            keys.append(self._key(hashes, start))
+        if end - 1 > start:
+            keys.append(self._key(hashes, end - 1))
+        if start < end < stop:
+            keys.append(self._key(hashes, end))
+        return tuple(keys)
+
+    def _index(self, slot: int, keys: tuple[bytes, ...]) -> None:
+        """Index the slot under `keys` (replacing its old ones)."""
+        by_key = self._by_key
+        old = self._ends[slot]
+        if old == keys:
+            return
+        for key in old:
+            hit = by_key.get(key)
+            if hit is not None:
+                hit.discard(slot)
+                if not hit:
+                    del by_key[key]
+        for key in keys:
+            by_key.setdefault(key, set()).add(slot)
+        self._ends[slot] = keys
 
 
 def tier_weight(rule: str, fixed_weight: float, load_to_compute: float) -> float:

@@ -155,6 +155,12 @@ COMMANDS: dict[str, Entry] = {
     "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8200 --kv-transfer-config "
     "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}'":
         Entry("PARSE", "a decode node on a GPU host", where=_IN_IMAGE),
+    "fairway serve meta-llama/Llama-3.1-8B-Instruct --profile h100-llama3.1-8b.json "
+    "--kv-offloading-size 64 --additional-config '{\"fairway\": {\"tier\": \"priced\"}}'":
+        Entry("PARSE", "a GPU server with vLLM's CPU offload tier (the CPU build's worker "
+              "refuses the tier)", where=_IN_IMAGE),
+    ".venv/bin/fairway bench --trace sec-a --policy fcfs --policy fairway --kv-offloading-size 8":
+        Entry("PARSE", "two replays of sec-a with the offload tier modelled"),
     "ray start --head":
         Entry("EXTERNAL", "starts a Ray cluster head (tests/integration run Ray locally)"),
     "fairway serve meta-llama/Llama-3.1-70B-Instruct --profile "

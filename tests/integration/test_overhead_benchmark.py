@@ -74,3 +74,44 @@ def test_the_speed_view_scales_own_times_by_vllms_admitting_step():
     line = bench.speed_line(speed)
     assert "2.800 ms here" in line and "fairway admit 0.600" in line
     assert bench.speed_scaled(rows[1:]) is None
+
+
+def test_the_tier_arm_is_paired_with_its_tierless_arm_and_finds_tier_hits(capsys):
+    """`fairway+tier` (the OffloadingConnector configured, its jobs answered) runs beside
+    `fairway` and `vllm+tier` on the same workload; the GPU cache holds 1 of 8 prefixes' worth
+    (+ the slots' room), so the tier probe finds tier hits, and the tier table pairs the arms."""
+    bench = _load()
+    report = bench.main(
+        ["--sizes", "40", "--policies", "fairway", "fairway+tier", "--steps", "8", "--rounds", "2",
+         "--warmup", "1", "--bursts", "1", "--prefixes", "8", "--running", "2",
+         "--gpu-prefixes", "1", "--tier-blocks", "8192", "--no-memory"]
+    )
+    assert report["config"]["tier_blocks"] == 8192 and report["config"]["gpu_prefixes"] == 1
+    results = [bench.ArmResult(**r) for r in report["results"]]
+    arms = {r.arm for r in results}
+    assert arms == {"vllm", "vllm+tier", "fairway", "fairway+tier"}
+    for r in results:
+        assert 0 <= r.own_median_ms <= r.median_ms + 1e-9 and r.vllm_median_ms > 0
+        if r.arm == "fairway+tier" and r.kind in ("admit", "busy", "burst"):
+            assert r.tier_lookup_steps > 0
+        if r.arm != "fairway+tier":  # only Fairway's probe looks the tier up
+            assert r.tier_hits_median is None and r.tier_lookup_steps == 0
+    tiered = [r for r in results if r.arm == "fairway+tier" and r.tier_hits_median is not None]
+    assert any(r.tier_hits_median > 0 and r.tier_tokens_median > 0 for r in tiered)
+    pairs = bench.tier_pairs(results)
+    assert {(a.arm, b.arm) for a, b in pairs} == {
+        ("vllm", "vllm+tier"), ("fairway", "fairway+tier")
+    }
+    out = capsys.readouterr().out
+    assert "| 40 | burst | Fairway (fairway+tier) |" in out
+    assert "| 40 | burst | fairway / fairway+tier |" in out and report["tier_markdown"] in out
+
+
+def test_a_run_without_a_tier_arm_keeps_its_config_and_rejects_tier_options():
+    bench = _load()
+    with pytest.raises(SystemExit):
+        bench.main(["--policies", "fairway", "--tier-blocks", "100"])
+    with pytest.raises(SystemExit):
+        bench.main(["--policies", "fairway+bogus"])
+    assert bench.arm_parts("fairway+tenants+tier") == ("fairway", frozenset({"tenants", "tier"}))
+    assert bench.base_arm("fairway+tier") == "vllm+tier" and bench.base_arm("lpm") == "vllm"

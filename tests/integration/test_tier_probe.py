@@ -91,8 +91,8 @@ def _record_lookups(sched, *, with_gpu: bool = False) -> dict[str, tuple]:
     seen: dict[str, tuple[int, bool]] = {}
     original = tier.lookup
 
-    def lookup(requests, slots, gpu, slot_of, by_id):
-        tokens, deferred = original(requests, slots, gpu, slot_of, by_id)
+    def lookup(requests, slots, gpu, *args):
+        tokens, deferred = original(requests, slots, gpu, *args)
         seen.clear()
         for r, g, t, d in zip(requests, gpu.tolist(), tokens.tolist(), deferred.tolist(),
                               strict=True):
@@ -216,7 +216,7 @@ def test_a_request_with_tier_blocks_in_flight_never_holds_the_step(offline, help
     assert {"other0", "other1", "other2"} <= ids
     assert "pending" not in ids
     last = sched.fairway_prepass.last
-    assert "pending" not in last.columns.request_ids  # not among the ordered rows: no plan counts on it
+    assert "pending" not in last.columns.request_ids  # not ordered: no plan counts on it
     # once the stores complete, it is a plain tier hit: loaded, then admitted
     worker.hold_stores = False
     for _ in range(6):

@@ -297,3 +297,46 @@ def test_command_line_reproduces_the_options() -> None:
         "fairway profile --model /m --lengths 64,128 --repeats 2 --warmup 1 -o o.json "
         "-- --max-model-len 512"
     )
+
+
+def test_cli_without_cuda_writes_no_load_cost_and_says_so(stub: Stub, tmp_path: Path, capsys,
+                                                          monkeypatch) -> None:
+    from fairway.profiling import copy_rate
+
+    def no_cuda() -> None:
+        raise ProfileError("no CUDA device here (torch.cuda.is_available() is False)")
+
+    monkeypatch.setattr(copy_rate, "cuda_device", no_cuda)
+    out = tmp_path / "t.json"
+    assert cli.main(["profile", "--url", stub.url, "--lengths", "64", "--repeats", "1",
+                     "--warmup", "0", "--no-plot", "-o", str(out),
+                     "--hardware", "NVIDIA H100"]) == 0
+    assert "load_cost" not in profile.load(out).metadata
+    lines = [line for line in capsys.readouterr().err.splitlines() if "load_cost" in line]
+    assert len(lines) == 1
+    assert "torch.cuda.is_available() is False" in lines[0]
+    assert "estimate for the GPU class of 'NVIDIA H100'" in lines[0] and "50 GB/s" in lines[0]
+
+
+def test_cli_saves_the_measured_load_cost(stub: Stub, tmp_path: Path, monkeypatch) -> None:
+    """The CUDA path is replaced by its result: the file carries it and the tier reads it."""
+    from fairway.profiling import copy_rate
+    from fairway.profiling.load_cost import LoadCost, for_profile
+
+    measured = LoadCost(4096, 2.5e10, 2.0e10, "measured", "pinned copies on cuda:0")
+    calls: list[dict] = []
+
+    def fake(**kwargs: object) -> LoadCost:
+        calls.append(kwargs)
+        return measured
+
+    monkeypatch.setattr(copy_rate, "measure_load_cost", fake)
+    out = tmp_path / "t.json"
+    assert cli.main(["profile", "--url", stub.url, "--lengths", "64", "--repeats", "1",
+                     "--warmup", "0", "--no-plot", "-o", str(out),
+                     "--kv-bytes-per-token", "4096"]) == 0
+    assert calls == [{"model": "stub-model", "kv_bytes_per_token": 4096, "kv_dtype": None}]
+    table = profile.load(out)
+    assert table.metadata["load_cost"] == measured.to_json()
+    assert for_profile(table) == measured
+    assert "--kv-bytes-per-token 4096" in table.metadata["generated_by"]
