@@ -153,19 +153,24 @@ def summary_lines(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = experiment_parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    parser = experiment_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", action="append", metavar="TEXT",
+                        help="only the scenarios whose name contains TEXT (repeatable)")
+    args = parser.parse_args(argv)
+    scenarios = [s for s in e2.SCENARIOS
+                 if not args.scenario or any(t in s.name for t in args.scenario)]
     started = time.perf_counter()
     out_dir = new_out_dir(args.out, NAME)
     options = {} if args.profile is None else {"profile": args.profile}
     jobs: list[ReplayJob] = []
     traces: dict[str, Any] = {}
-    for scenario in e2.SCENARIOS:
+    for scenario in scenarios:
         trace = e2.build(scenario, args)
         traces[scenario.name] = {"num_requests": len(trace.requests)}
         jobs += jobs_of(scenario, trace, options)
     results = run_experiment(jobs, args, out_dir)
     summary = report.summarize(results)
-    rows = {s.name: compare(summary, s.name) for s in e2.SCENARIOS}
+    rows = {s.name: compare(summary, s.name) for s in scenarios}
     for result in results:
         tier = result.settings.get("kv_offloading")
         if tier is not None and result.policy == PRICED:

@@ -14,7 +14,7 @@ numpy columns; tests/unit/test_queue.py (hypothesis) keeps the two equal.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -91,9 +91,14 @@ def grants(
     done: Mapping[int, int] | None = None,
     free_blocks: int | None = None,
     block_size: int = 16,
+    loads: Container[int] = (),
 ) -> list[int]:
     """Prefill tokens each placement gets when the step's `tokens` are given out in merge order:
     min(its work, what is left), a waiting request (key >= 0) only while `slots` last.
+
+    A waiting request in `loads` (a hit in the CPU offload tier) gets nothing and takes no slot:
+    vLLM starts its copy and computes nothing for it in this step (it waits outside the running
+    set for the copy), so the tokens go on to the next placements; its blocks are counted.
 
     With `free_blocks` (and `done`: the tokens each request already holds, cached or computed)
     the KV stop is foreseen as vLLM makes it: the first waiting request whose blocks do not fit
@@ -106,6 +111,15 @@ def grants(
     blocks = free_blocks
     stopped = False
     for key in keys:
+        if key >= 0 and key in loads and not stopped:
+            out.append(0)
+            if blocks is not None and done is not None:
+                need = -(-done[key] // block_size)
+                if need > blocks:
+                    stopped = True
+                else:
+                    blocks -= need
+            continue
         if left <= 0 or (key >= 0 and (slots <= 0 or stopped)):
             out.append(0)
             continue
@@ -240,6 +254,8 @@ class FairwayPolicy(FastLanePolicy):
     #: The Fair front the last plan held back instead of capping it (None: it was not held).
     _front_held: str | None = field(init=False, repr=False, default=None)
     _release: bool = field(init=False, repr=False, default=False)
+    #: Rows of this step's queue whose admission is a copy from the CPU offload tier (`grants`).
+    _loads: Container[int] = field(init=False, repr=False, default=())
     #: Counters by share class ((priority level, tenant) -> code, `_share_classes`): uncached
     #: tokens scheduled over the tenant's weight, charged after contested classed steps.
     _served: np.ndarray = field(init=False, repr=False, default_factory=lambda: np.zeros(0))
@@ -300,6 +316,8 @@ class FairwayPolicy(FastLanePolicy):
         (the scan's head plus one per running prefill, more for the Fast lane when it passes over
         requests that do not fit the step) are found and read in Python. A queue of several
         tenants or priority levels takes `_classed_ordering`."""
+        tier = queue.tier_tokens
+        self._loads = frozenset(np.flatnonzero(tier > 0).tolist()) if tier is not None else ()
         if queue.mixed or _classes_differ(queue, step.prefilling):
             return self._classed_ordering(queue, step)
         if len(step.tenant_weights) > 1 or queue.priority is not None:
@@ -620,7 +638,8 @@ class FairwayPolicy(FastLanePolicy):
             self._front_held = None
             return Ordering(order, lanes_out, StepPlan(front_id, budget=tokens, lanes=placed))
         assert budget is not None  # contested
-        given = grants(keys, work, tokens, slots, done, budget.free_blocks, budget.block_size)
+        given = grants(keys, work, tokens, slots, done, budget.free_blocks, budget.block_size,
+                       self._loads)
         got = dict(zip(keys, given, strict=True))
         hold = {p.request_id for j, p in enumerate(prefilling) if got.get(-(j + 1), 0) == 0}
         cap = tokens

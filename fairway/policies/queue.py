@@ -212,6 +212,7 @@ class QueueColumns:
         tenant: intp, the tenant's code (`fairway.tenants.TenantTable`; 0: the default tenant);
             None: every row is the default tenant's.
         priority: int64, vLLM's priority level (lower first); None: every row is level 0.
+        tier_tokens: int64, offload-tier hit tokens beyond the GPU hit; None: no tier.
     """
 
     arrival: np.ndarray
@@ -225,6 +226,11 @@ class QueueColumns:
     _ids: list[str] | None = field(default=None, repr=False)
     tenant: np.ndarray | None = None
     priority: np.ndarray | None = None
+    #: Tokens of each row's prompt that vLLM's CPU offload tier holds beyond its GPU hit (int64;
+    #: None: no tier). `cached_tokens` already counts them at the tier rule's weight; vLLM loads
+    #: them in the step that admits the row, which then computes nothing for it (the row waits
+    #: for the copy and is computed from the next step on).
+    tier_tokens: np.ndarray | None = None
     #: Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64.
     remaining: np.ndarray = field(init=False, repr=False, compare=False)
 

@@ -122,7 +122,12 @@ class PrefixProbe:
             cached = cached.copy()
             priced = gpu + np.rint(tier.weight * tokens).astype(np.int64)
             cached[slots] = np.minimum(priced, self.slots.prompt_of(slots))
-        return self.slots.split(current, slots, cached, deferred if deferred.any() else None)
+        snap = self.slots.split(current, slots, cached, deferred if deferred.any() else None)
+        if snap.columns is not None and tokens.any():
+            by_slot = np.zeros(self.slots.capacity, dtype=np.int64)
+            by_slot[slots] = tokens
+            snap.columns.tier_tokens = by_slot[snap.columns.slots]
+        return snap
 
     def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
         """The new queue (`QueueSlots.arrange`)."""

@@ -136,6 +136,12 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway+tenants "
     "--tenants 8 --sizes 1000 --no-memory":
         Entry("PARSE", "a timing benchmark (~80 s)"),
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway+tier --sizes "
+    "1000 --no-memory":
+        Entry("PARSE", "a timing benchmark (~40 s); tests/integration/test_overhead_benchmark.py "
+              "runs its +tier arm at a tiny size"),
+    ".venv/bin/python benchmarks/e7_offload_tier.py --out results/e7":
+        Entry("PARSE", "204 replays with the tier (~25 min)"),
     ".venv/bin/python benchmarks/live_tenants.py --serve /tmp/lt-tiny --profile "
     "results/live-tenants-profile.json --runs 3 --out results/live-tenants":
         Entry("PARSE", "starts six tiny-model servers and replays live (~25 min)"),

@@ -104,3 +104,15 @@ def test_after_a_held_step_that_scheduled_nothing_the_next_plan_holds_none() -> 
     policy.on_step_end([], 500, prefill_by_request={"R": 500})
     third = _plan(policy, [old, *hits], budget, running)
     assert third.plan is not None and third.plan.hold == first.plan.hold
+
+
+def test_a_tier_load_takes_no_tokens_and_no_slot() -> None:
+    """A waiting request admitted by a copy from the CPU offload tier computes nothing in the
+    step that starts the copy: the tokens and the slot go on to the next placements, and the
+    running prefill the budget ran out on is no longer cut for it."""
+    work = {0: 1_500, 1: 400, -1: 3_000}
+    done = {0: 4_000, 1: 0, -1: 160}
+    assert grants([0, 1, -1], work, 2_048, 1) == [1_500, 0, 548]
+    assert grants([0, 1, -1], work, 2_048, 1, loads={0}) == [0, 400, 1_648]
+    # its blocks are still counted: 4,000 loaded tokens need 250 blocks of 16
+    assert grants([0, 1, -1], work, 2_048, 2, done, free_blocks=200, loads={0}) == [0, 0, 2_048]
