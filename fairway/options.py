@@ -516,12 +516,16 @@ def allowed_values(key: str) -> str:
     for arg in args:
         if arg is type(None):
             continue
+        if typing.get_origin(arg) is typing.Literal:
+            words.append("one of " + ", ".join(str(v) for v in typing.get_args(arg)))
+            continue
         base, *meta = typing.get_args(arg) or (arg,)
         bounds = [b for m in meta for b in getattr(m, "metadata", [])]
-        ge = next((b.ge for b in bounds if getattr(b, "ge", None) is not None), None)
-        word = {bool: "true or false", int: "an integer", str: "a string"}.get(
+        limits = [f"{op} {value}" for attr, op in (("gt", ">"), ("ge", ">="), ("le", "<="))
+                  for b in bounds if (value := getattr(b, attr, None)) is not None]
+        word = {bool: "true or false", int: "an integer", str: "a string", float: "a number"}.get(
             base, getattr(base, "__name__", str(base)))
-        words.append(word + (f" >= {ge}" if ge is not None else ""))
+        words.append(" ".join([word, " and ".join(limits)]) if limits else word)
     text = " or ".join(words)
     return text + ", or null (the default)" if type(None) in args else text
 

@@ -117,6 +117,16 @@ SKIPS: dict[str, Skip] = {
 #: test that runs passes.
 EXPECTED_DIFFERENCES: dict[str, str] = {}
 
+#: Upstream modules whose scheduler builders read `Scheduler` / `AsyncScheduler` from their own
+#: globals: both are Fairway's classes for the whole run. The offloading connector's harness
+#: builds a scheduler with vLLM's `OffloadingConnector` (and its CPU tier), so its tests run
+#: Fairway's tier probe over vLLM's own offloading scenarios.
+HARNESS_MODULES = (
+    "tests.v1.core.utils",
+    "tests.v1.kv_connector.unit.utils",
+    "tests.v1.kv_connector.unit.offloading_connector.utils",
+)
+
 #: Upstream builders that construct vLLM's `Scheduler` directly (not through the harnesses), all
 #: with `policy="priority"`: module -> function. While one runs, its module's `Scheduler` global
 #: is Fairway's class; the module's other uses of `Scheduler` (type hints, `object.__new__`, the
@@ -177,7 +187,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("FAIRWAY_POLICY", "fcfs")
     sync, asyn = _fairway_classes()
     patched = []
-    for name in ("tests.v1.core.utils", "tests.v1.kv_connector.unit.utils"):
+    for name in HARNESS_MODULES:
         try:
             module = __import__(name, fromlist=["create_scheduler"])
         except Exception as exc:  # noqa: BLE001 - reported, the other module may still work

@@ -52,6 +52,7 @@ DEFAULT_TESTS = (
     "tests/v1/kv_connector/unit/test_remote_decode_lifecycle.py",
     "tests/v1/kv_connector/unit/test_remote_prefill_lifecycle.py",
     "tests/v1/kv_connector/unit/test_kv_connector_lifecycle.py",
+    "tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py",
 )
 
 #: sha256 of sdists this script has fetched before; a mismatch stops the run (pip also checks the

@@ -14,7 +14,7 @@ vLLM objects (`calibrate`, `observe`) stay importable without it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from fairway.errors import FairwayError
@@ -716,33 +716,33 @@ def offload_key_suffix(group_idx: int) -> bytes:
     return suffix
 
 
-def observe_offload_changes(
-    manager: Any, changed: Callable[[Iterable[bytes]], None], reset: Callable[[], None]
-) -> None:
-    """Be told which offload keys the tier's manager stores, evicts or completes, and when it is
-    reset: its `prepare_store`, `complete_store` and `reset_cache` are wrapped on the instance,
-    each calling vLLM's own method and returning its result unchanged (an observer, as vLLM's
-    own KV events are, which are off unless `--kv-events-config` turns them on)."""
-    prepare, complete, clear = manager.prepare_store, manager.complete_store, manager.reset_cache
 
-    def prepare_store(keys: Any, *args: Any, **kwargs: Any) -> Any:
-        result = prepare(keys, *args, **kwargs)
-        if result is not None:
-            # vLLM internal: PrepareStoreOutput.keys_to_store / evicted_keys
-            changed(result.keys_to_store)
-            changed(result.evicted_keys)
-        return result
+def offload_jobs(tier_scheduler: Any) -> Mapping[int, Any]:
+    """The connector's transfer jobs in flight: job id -> its status (`offload_job_keys`)."""
+    return tier_scheduler._jobs  # vLLM internal: OffloadingConnectorScheduler._jobs
 
-    def complete_store(keys: Any, *args: Any, **kwargs: Any) -> Any:
-        result = complete(keys, *args, **kwargs)
-        changed(keys)
-        return result
 
-    def reset_cache(*args: Any, **kwargs: Any) -> Any:
-        result = clear(*args, **kwargs)
-        reset()
-        return result
+def offload_job_counter(tier_scheduler: Any) -> int:
+    """The id the connector gives its next job (ids are consecutive)."""
+    return int(tier_scheduler._job_counter)  # vLLM internal: ._job_counter
 
-    # vLLM internal: OffloadingManager.prepare_store / complete_store / reset_cache
-    manager.prepare_store, manager.complete_store = prepare_store, complete_store
-    manager.reset_cache = reset_cache
+
+def offload_job_keys(job: Any) -> tuple[bool, Collection[bytes]]:
+    """(whether the job is a store, the offload keys it covers)."""
+    return bool(job.is_store), job.keys  # vLLM internal: TransferJobStatus.is_store / keys
+
+
+def offload_used_chunks(manager: Any) -> int | None:
+    """Chunks of the tier in use, stored or being stored (vLLM's CPU manager); None for other
+    managers. A store allocates one per key; an eviction frees one."""
+    # vLLM internal: CPUOffloadingManager._num_allocated_chunks / _free_list
+    allocated = getattr(manager, "_num_allocated_chunks", None)
+    free = getattr(manager, "_free_list", None)
+    if not isinstance(allocated, int) or not isinstance(free, list):
+        return None
+    return allocated - len(free)
+
+
+def offload_generation(manager: Any) -> int:
+    """Changes when the tier is reset (vLLM's CPU manager; 0 for others)."""
+    return int(getattr(manager, "_cache_generation", 0))  # vLLM internal: ._cache_generation

@@ -10,10 +10,13 @@ manager's `lookup()` (a dict read for vLLM's CPU manager: no touch, no load prep
 so that the order prices a tier hit before vLLM serves it (`tests/integration/test_tier_probe.py`
 checks the probe against what the connector then loads, request for request).
 
-Memo per slot, kept up to date by what changed: the manager's stores, evictions and completed
-stores are observed (`internals.observe_offload_changes`), and a slot is looked at again only
-when one of its run's end keys (the first and the last chunk of the run, the chunk after it)
-changed, when its GPU hit ends in another chunk, or while its run has a pending chunk. Looking at
+Memo per slot, kept up to date by what changed, read from the connector's own books before each
+step: the keys of the store jobs created (chunks inserted, pending) and of those finished (now
+readable) since the last step; a slot is looked at again only when one of its run's end keys
+(the first and the last chunk of the run, the chunk after it) changed, when its GPU hit ends in
+another chunk, or while its run has a pending chunk. Evictions are not in those books: when the
+tier's chunks in use grew less than the stores inserted (something was evicted), or a job came
+and went unseen, every slot is checked by its ends. Looking at
 it again checks those ends and scans only what moved (a GPU hit that shrank: the chunks between
 the new and the old start). An eviction inside a run whose ends stay is not seen until an end
 changes; the connector's own lookup at admission is the truth in any case (an over-estimate
@@ -56,11 +59,21 @@ class TierProbe:
         group, self.chunk_tokens, self._per = internals.offload_group(tier_scheduler)
         self._suffix = internals.offload_key_suffix(group)
         self._manager = internals.offload_manager(tier_scheduler)
+        if type(self._manager).__name__ != "CPUOffloadingManager":
+            raise FairwayError(
+                f"the tier's manager is {type(self._manager).__name__}: only vLLM's "
+                "CPUOffloadingManager is read (its lookup is a dict read; another manager's may "
+                "start a transfer)"
+            )
         self._hit, self._miss = internals.offload_lookup_results()
         self.weight = float(weight)
         self._changed: set[bytes] = set()
-        self._reset = False
-        internals.observe_offload_changes(self._manager, self._changed.update, self._on_reset)
+        # The connector's books at the last lookup: next job id, the store jobs in flight (id ->
+        # keys), chunks in use, reset generation.
+        self._next_job = internals.offload_job_counter(tier_scheduler)
+        self._stores: dict[int, Collection[bytes]] = {}
+        self._used = internals.offload_used_chunks(self._manager)
+        self._generation = internals.offload_generation(self._manager)
         self._start = np.zeros(0, dtype=np.int64)  # chunk the run starts at (the GPU hit's)
         self._end = np.zeros(0, dtype=np.int64)  # chunk after the run
         self._tokens = np.zeros(0, dtype=np.int64)  # tier tokens of the run (0: none)
@@ -144,14 +157,13 @@ class TierProbe:
                 would start at the prompt's first chunk; they get 0 until the GPU probe has them).
         """
         self.resize(int(slots.max()) + 1 if len(slots) else 0)
-        if self._reset:
-            self._reset = False
-            self._seen[:] = False
-            self._by_key.clear()
-            self._ends = [()] * len(self._ends)
+        check_all = self._read_books()
         starts = gpu_hits // self.chunk_tokens
         stale = ~self._seen[slots] | (self._start[slots] != starts) | self._pending[slots]
-        if self._changed:
+        if check_all:
+            stale[:] = True
+            self._changed.clear()
+        elif self._changed:
             by_key = self._by_key
             affected = [s for key in self._changed if (hit := by_key.get(key)) for s in hit]
             self._changed.clear()
@@ -185,13 +197,45 @@ class TierProbe:
     def fresh_tokens(self, request: Request, gpu_hit: int) -> tuple[int, bool]:
         """A full scan that ignores and does not update the memo (tests): (tokens, pending)."""
         start = gpu_hit // self.chunk_tokens
-        end, pending = self._scan(request, start, None)
+        end, pending = self._scan(request, start, None,
+                                  _load_limit(request, gpu_hit, self.chunk_tokens))
         return self._run_tokens(request, gpu_hit, end), pending
 
     # --- one request ------------------------------------------------------------------------------
 
-    def _on_reset(self) -> None:
-        self._reset = True
+    def _read_books(self) -> bool:
+        """Collect the keys the connector's jobs changed since the last lookup into `_changed`;
+        True when every slot must be checked (an eviction, a job unseen; a reset clears all)."""
+        tier, manager = self._tier, self._manager
+        generation = internals.offload_generation(manager)
+        if generation != self._generation:
+            self._generation = generation
+            self._seen[:] = False
+            self._by_key.clear()
+            self._ends = [()] * len(self._ends)
+        jobs = internals.offload_jobs(tier)
+        changed, stores = self._changed, self._stores
+        check_all = False
+        for job_id in [j for j in stores if j not in jobs]:  # finished: readable now
+            changed.update(stores.pop(job_id))
+        inserted = 0
+        counter = internals.offload_job_counter(tier)
+        for job_id in range(self._next_job, counter):
+            job = jobs.get(job_id)
+            if job is None:  # created and finished between two lookups: its keys are unknown
+                check_all = True
+                continue
+            is_store, keys = internals.offload_job_keys(job)
+            if is_store:
+                stores[job_id] = keys
+                changed.update(keys)
+                inserted += len(keys)
+        self._next_job = counter
+        used = internals.offload_used_chunks(manager)
+        if used is None or self._used is None or used < self._used + inserted:
+            check_all = True  # chunks were freed (an eviction), or the manager keeps no count
+        self._used = used
+        return check_all
 
     def _refresh(self, request: Request, slot: int, start: int, gpu_hit: int) -> None:
         """Bring one slot's run up to date: check the ends of the run it had and scan only what
@@ -203,7 +247,8 @@ class TierProbe:
                 known = None  # the GPU hit passed the whole run: scan from it
             elif known[0] < start:
                 known = (start, known[1])  # the GPU hit grew into the run
-        end, pending = self._scan(request, start, known)
+        end, pending = self._scan(request, start, known, _load_limit(request, gpu_hit,
+                                                                    self.chunk_tokens))
         self._start[slot], self._end[slot], self._pending[slot] = start, end, pending
         self._tokens[slot] = self._run_tokens(request, gpu_hit, end)
         self._seen[slot] = True
@@ -219,18 +264,23 @@ class TierProbe:
         """vLLM's offload key of a chunk: the hash of its last block + the group's suffix."""
         return hashes[(chunk + 1) * self._per - 1] + self._suffix
 
-    def _scan(self, request: Request, start: int,
-              known: tuple[int, int] | None) -> tuple[int, bool]:
+    def _scan(self, request: Request, start: int, known: tuple[int, int] | None,
+              limit: int | None = None) -> tuple[int, bool]:
         """(chunk after the run from `start`, whether a chunk of it is pending or uncertain).
 
         `known`: a run [a, b) believed held; reaching chunk a, its first and last chunks are
-        checked and, if both are held, the scan jumps to b.
+        checked and, if both are held, the scan jumps to b. `limit`: the chunk the run may not
+        reach (the request's `max_load_tokens`).
         """
         # vLLM internal: Request.block_hashes / skip_reading_prefix_cache
         if getattr(request, "skip_reading_prefix_cache", False):
             return start, False
         hashes = request.block_hashes
         stop = len(hashes) // self._per
+        if limit is not None:
+            stop = min(stop, limit)
+            if known is not None and known[1] > stop:
+                known = None
         ctx = internals.offload_request_context(self._tier, request.request_id)
         lookup, hit, miss, key = self._manager.lookup, self._hit, self._miss, self._key
         i, pending = start, False
@@ -291,6 +341,16 @@ class TierProbe:
         for key in keys:
             by_key.setdefault(key, set()).add(slot)
         self._ends[slot] = keys
+
+
+def _load_limit(request: Request, gpu_hit: int, chunk_tokens: int) -> int | None:
+    """The chunk a load may not reach under the request's `max_load_tokens` (vLLM's
+    experimental `kv_transfer_params` field, read as the connector reads it); None: no cap."""
+    params = request.kv_transfer_params  # vLLM internal: Request.kv_transfer_params
+    raw = params.get("max_load_tokens") if params else None
+    if type(raw) is not int or raw < 0:
+        return None
+    return (gpu_hit + raw) // chunk_tokens
 
 
 def tier_weight(rule: str, fixed_weight: float, load_to_compute: float) -> float:

@@ -230,3 +230,26 @@ def test_self_calibrate_option_wires_the_calibration(offline, helpers):
     assert not sched.requests and sched.fairway_totals.policy_fallbacks == 0
     off = offline.make_offline_scheduler("fcfs")
     assert not off.fairway_options.self_calibrate and off.fairway_calibration is None
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"tier": "foo"}, "tier='foo' (from --additional-config fairway.tier) must be one of "
+                          "priced, equal, fixed, blind"),
+        ({"tier": "fixed", "tier_weight": 1.5}, "tier_weight=1.5 (from --additional-config "
+                                                "fairway.tier_weight) must be a number > 0.0 "
+                                                "and <= 1.0"),
+    ],
+)
+def test_tier_options_say_what_they_accept(given, message):
+    with pytest.raises(FairwayConfigError) as caught:
+        FairwayOptions.resolve(given, {})
+    assert message in str(caught.value)
+
+
+def test_tier_options_from_the_environment():
+    options = FairwayOptions.resolve(None, {"FAIRWAY_TIER": "fixed", "FAIRWAY_TIER_WEIGHT": "0.5"})
+    assert (options.tier, options.tier_weight) == ("fixed", 0.5)
+    assert options.describe()["tier"] == "fixed"  # shown when not the default
+    assert "tier" not in FairwayOptions.resolve(None, {}).describe()  # result files unchanged
