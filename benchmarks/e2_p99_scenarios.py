@@ -169,10 +169,11 @@ def offered_load(trace: Any) -> float:
     return sum(r.prompt_tokens for r in trace.requests) / span / default_capacity_tps()
 
 
-def _lowest(candidates: list[str], values: dict[str, float | None]) -> str | None:
-    """The candidate with the lowest value (ties: the earlier in `POLICIES`), or None."""
+def _lowest(candidates: list[str], values: dict[str, float | None],
+            order: tuple[str, ...] = POLICIES) -> str | None:
+    """The candidate with the lowest value (ties: the earlier in `order`), or None."""
     known = [p for p in candidates if values[p] is not None]
-    return min(known, key=lambda p: (values[p], POLICIES.index(p))) if known else None
+    return min(known, key=lambda p: (values[p], order.index(p))) if known else None
 
 
 def compare(summary: report.Summary, name: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import e2_p99_scenarios as e2  # noqa: E402
+import numpy as np  # noqa: E402
 
 from fairway.replay import report  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
@@ -75,11 +76,6 @@ def jobs_of(scenario: e2.Scenario, trace: Any, options: dict[str, Any]) -> list[
     return jobs
 
 
-def _lowest(candidates: list[str], values: dict[str, float | None]) -> str | None:
-    known = [p for p in candidates if values.get(p) is not None]
-    return min(known, key=lambda p: (values[p], LABELS.index(p))) if known else None
-
-
 def compare(summary: report.Summary, name: str) -> dict[str, Any]:
     """One scenario's row: p99 / median per arm, the best rule and the best baseline."""
     stats = {p: summary.row(name, p, report.ALL) for p in LABELS}
@@ -89,9 +85,9 @@ def compare(summary: report.Summary, name: str) -> dict[str, Any]:
     flags = {s.policy: s.starved for s in summary.starvation if s.trace_name == name}
     starved = {p: bool(flags.get(p)) for p in LABELS}
     eligible = [p for p in BASELINES if not starved[p] and not errors[p]]
-    best = _lowest(eligible, p99)
-    best_rule_p99 = _lowest(list(OTHER_RULES), p99)
-    best_rule_median = _lowest(list(OTHER_RULES), median)
+    best = e2._lowest(eligible, p99, LABELS)
+    best_rule_p99 = e2._lowest(list(OTHER_RULES), p99, LABELS)
+    best_rule_median = e2._lowest(list(OTHER_RULES), median, LABELS)
 
     def over(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None or b <= 0 else a / b
@@ -123,33 +119,57 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
             "lpm | fcfs | no tier |")
     lines = [head, "|---|" + "---|" * 10]
     for name, row in rows.items():
-        p99 = row["p99_s"]
-
-        def cell(label: str, row: dict[str, Any] = row) -> str:
-            return _cell(row, label)
-
         best = row["best_baseline"]
         lines.append(
-            f"| {name} | {cell(PRICED)} | " + " | ".join(cell(r) for r in OTHER_RULES)
+            f"| {name} | {_cell(row, PRICED)} | "
+            + " | ".join(_cell(row, r) for r in OTHER_RULES)
             + f" | {_f(row['vs_best_rule_p99'], 3)}, {_f(row['vs_best_rule_median'], 3)} | "
-            f"{_f(p99[best]) if best else '-'} ({best}) | {_f(row['vs_best_baseline'], 3)} | "
-            f"{cell('lpm')} | {cell('fcfs')} | {cell(NO_TIER)} |"
+            f"{_f(row['p99_s'][best]) if best else '-'} ({best}) | "
+            f"{_f(row['vs_best_baseline'], 3)} | "
+            f"{_cell(row, 'lpm')} | {_cell(row, 'fcfs')} | {_cell(row, NO_TIER)} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def _ratios(rows: dict[str, dict[str, Any]], a: str, b: str) -> list[float]:
+    """p99 of arm `a` over arm `b`, per scenario where both have one."""
+    return [r["p99_s"][a] / r["p99_s"][b] for r in rows.values()
+            if r["p99_s"][a] is not None and r["p99_s"][b]]
+
+
 def summary_lines(rows: dict[str, dict[str, Any]]) -> str:
+    """The counts and ratios under the table (what docs/results.md quotes)."""
     n = len(rows)
-    rule_p99 = sum(1 for r in rows.values() if (r["vs_best_rule_p99"] or 9) <= 1.0)
-    rule_median = sum(1 for r in rows.values() if (r["vs_best_rule_median"] or 9) <= 1.0)
-    both = sum(1 for r in rows.values()
-               if (r["vs_best_rule_p99"] or 9) <= 1.0 and (r["vs_best_rule_median"] or 9) <= 1.0)
-    best = sum(1 for r in rows.values() if (r["vs_best_baseline"] or 9) <= 1.0)
-    return (
-        f"- priced p99 <= the best of equal/fixed/blind: {rule_p99} of {n}; median: "
-        f"{rule_median} of {n}; both: {both} of {n}\n"
-        f"- priced p99 <= the best baseline's (with the tier): {best} of {n}\n"
-    )
+
+    def at_most(key: str, bound: float = 1.0) -> int:
+        return sum(1 for r in rows.values() if r[key] is not None and r[key] <= bound)
+
+    both = sum(1 for r in rows.values() if r["vs_best_rule_p99"] is not None
+               and r["vs_best_rule_median"] is not None
+               and r["vs_best_rule_p99"] <= 1.0 and r["vs_best_rule_median"] <= 1.0)
+    best = [r["vs_best_baseline"] for r in rows.values() if r["vs_best_baseline"] is not None]
+    equal = _ratios(rows, PRICED, "fairway[tier=equal]")
+    blind = _ratios(rows, "fairway[tier=blind]", PRICED)
+    no_tier = _ratios(rows, PRICED, NO_TIER)
+    fixed_worst = sum(1 for r in rows.values() if r["p99_s"]["fairway[tier=fixed]"] > max(
+        r["p99_s"][PRICED], r["p99_s"]["fairway[tier=equal]"]))
+    lines = [
+        f"- priced p99 <= the best of equal/fixed/blind: {at_most('vs_best_rule_p99')} of {n}; "
+        f"median: {at_most('vs_best_rule_median')} of {n}; both: {both} of {n}",
+        f"- priced p99 <= the best baseline's (with the tier): {at_most('vs_best_baseline')} of "
+        f"{n}; within 1.02: {at_most('vs_best_baseline', 1.02)} of {n}"
+        + (f"; priced / best: geometric mean {float(np.exp(np.mean(np.log(best)))):.2f}, "
+           f"max {max(best):.2f}" if best else ""),
+    ]
+    if equal and blind and no_tier:
+        lines += [
+            f"- priced / equal p99: {min(equal):.3f}-{max(equal):.3f}; fixed above both in "
+            f"{fixed_worst} of {n}",
+            f"- blind / priced p99: {min(blind):.3f}-{max(blind):.3f}, priced <= blind in "
+            f"{sum(1 for x in blind if x >= 1.0)} of {n}",
+            f"- priced with the tier / without it (p99): {min(no_tier):.2f}-{max(no_tier):.2f}",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

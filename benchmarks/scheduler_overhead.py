@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import random
@@ -93,7 +94,9 @@ BLOCK_SIZE = 16
 PREFILL_BUDGET = 2_048
 KINDS = ("full", "admit", "busy", "burst")
 #: What an arm's name may add to its policy after a "+" (`fairway+tenants`, `fairway+tier`).
-ARM_FLAGS = ("tenants", "tier")
+#: An arm's flags: `tenants` (the `tenants` option), `tier` (vLLM's offloading connector) and,
+#: with `tier`, `blind` (option `tier: blind`: the connector without Fairway's tier probe).
+ARM_FLAGS = ("tenants", "tier", "blind")
 #: GPU blocks each running slot gets in a run with a tier (beyond `--gpu-prefixes` prefixes):
 #: one uncached suffix and some decode room.
 TIER_RUN_SLOT_BLOCKS = SUFFIX_MAX // BLOCK_SIZE + 88
@@ -149,6 +152,8 @@ class ArmResult:
     tier_tokens_median: float | None = None
     #: Steps whose pre-pass looked the tier up (of the measured ones).
     tier_lookup_steps: int = 0
+    #: The tier probe's `lookup` alone (wall ms over those steps): median, mean, p90.
+    tier_lookup_ms: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,8 @@ class Sample:
     prepass_s: float | None = None
     tier_hits: int | None = None
     tier_tokens: int | None = None
+    #: Wall seconds of the tier probe's `lookup` in the step (None: no lookup).
+    tier_lookup_s: float | None = None
 
     def plus(self, total_s: float, vllm_s: float) -> Sample:
         """The same step with more work timed (the arrivals' `add_request` calls)."""
@@ -202,63 +209,44 @@ def timed_classes() -> tuple[type, type]:
     return TimedScheduler, TimedFairwayScheduler
 
 
-def tier_config(tier_blocks: int) -> dict[str, Any]:
-    """vLLM's kv_transfer_config of a CPU offload tier of `tier_blocks` blocks.
-
-    The offline harness's fake KV spec has a few bytes per block, aligned up to one unit of
-    the shared region (as in tests/integration/test_tier_probe.py).
-    """
-    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
-    return {
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "cpu_bytes_to_use": tier_blocks * SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT
-        },
-    }
-
-
 class TierWorker:
-    """The `OffloadingConnector`'s worker half, answered without a GPU: a load completes within
-    the step that scheduled it, a store in the next step (as the tier tests' `_Worker`)."""
+    """The `OffloadingConnector`'s worker half, answered without a GPU: the replay's worker model
+    (`fairway.replay.offload_sim.TierTransfers`) over an instant link, polled at once, so a load
+    completes within the step that scheduled it and a store in the next step (vLLM's worker
+    defers stores by one step)."""
 
     def __init__(self) -> None:
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-            OffloadingWorkerMetadata,
-        )
-        from vllm.v1.outputs import KVConnectorOutput
+        from fairway.profiling.load_cost import LoadCost
+        from fairway.replay.offload_sim import TierTransfers
 
-        self._meta_cls, self._output_cls = OffloadingWorkerMetadata, KVConnectorOutput
-        self.stores: list[int] = []  # store jobs of the last step (completed in this one)
+        instant = LoadCost(kv_bytes_per_token=1, h2d_bytes_per_s=math.inf,
+                           d2h_bytes_per_s=math.inf, source="instant")
+        self._transfers = TierTransfers(instant, BLOCK_SIZE)
 
     def answer(self, output: Any, model_output: Any) -> None:
         """Set the worker's answer to the step `output` on its fake `model_output`."""
-        meta = output.kv_connector_metadata  # vLLM internal: OffloadingConnectorMetadata
-        done = dict.fromkeys(self.stores, 1)
-        received: set[str] = set()
-        for job_id, job in meta.load_jobs.items():
-            done[job_id] = 1
-            received.add(job.req_id)
-        self.stores = list(meta.store_jobs)
-        model_output.kv_connector_output = self._output_cls(
-            finished_recving=received,
-            kv_connector_worker_meta=self._meta_cls(completed_jobs=done),
-        )
+        from fairway.vllm import offload_worker
+
+        self._transfers.start_step(offload_worker.step_metadata(output), 0.0)
+        model_output.kv_connector_output = self._transfers.finish_step(math.inf)
 
 
 class TierRecorder:
-    """Keeps the tier probe's answer to each `lookup` (its tier tokens per row), so that the
-    benchmark counts the tier hits outside the timing; the wrapper itself is inside it (one
-    Python call and two attribute writes per step)."""
+    """Keeps the tier probe's answer to each `lookup` (its tier tokens per row) and how long the
+    call took, so that the benchmark counts the tier hits outside the timing and reports the
+    lookup's own time; the wrapper itself is inside the step's timing (one Python call, two
+    clock reads and three attribute writes per step)."""
 
     def __init__(self, tier: Any) -> None:
         self.calls = 0
         self.tokens: Any = None
+        self.seconds = 0.0
         original = tier.lookup
 
         def lookup(*args: Any) -> Any:
+            start = time.perf_counter()
             found = original(*args)
+            self.seconds = time.perf_counter() - start
             self.calls += 1
             self.tokens = found[0]
             return found
@@ -379,6 +367,8 @@ class Workload:
         every prefix in turn, so the first ones are evicted by its end, and a +tier arm's
         connector has stored them all in its tier (the worker answering the stores).
         """
+        from fairway.vllm import offload_worker
+
         offline = self.offline
         prefix_blocks = PREFIX_TOKENS // BLOCK_SIZE
         if self.tier_run:
@@ -390,6 +380,8 @@ class Workload:
         options: dict[str, Any] = {}
         if "tenants" in flags:
             options["tenants"] = [f"t{k}" for k in range(self.tenants)]
+        if "blind" in flags:  # the connector without Fairway's tier probe
+            options["tier"] = "blind"
         sched = offline.make_offline_scheduler(
             None if policy == "vllm" else policy,
             fairway_options=options or None,
@@ -399,13 +391,13 @@ class Workload:
             max_num_batched_tokens=budget,
             max_num_seqs=max_num_seqs,
             max_model_len=PREFIX_TOKENS + SUFFIX_MAX + 64,
-            kv_transfer_config=tier_config(self.tier_blocks) if "tier" in flags else None,
+            kv_transfer_config=(offload_worker.transfer_config(self.tier_blocks)
+                                if "tier" in flags else None),
         )
         if "tier" in flags:
-            tier_manager = sched.connector.connector_scheduler.manager  # vLLM internal
-            assert tier_manager._num_chunks == self.tier_blocks  # vLLM internal: _num_chunks
+            offload_worker.check_tier_blocks(sched, self.tier_blocks)
             sched.tier_worker = TierWorker()
-            if policy != "vllm":
+            if policy != "vllm" and "blind" not in flags:
                 tier = sched.fairway_probe.tier
                 assert tier is not None, "Fairway could not read the offload tier"
                 sched.tier_recorder = TierRecorder(tier)
@@ -440,11 +432,12 @@ def _timed_step(offline: Any, sched: Any) -> Sample:
     if totals is not None and totals.prepass_count > before[1]:
         prepass = totals.prepass_total_s - before[0]
     vllm_s = sched.vllm_cpu_s - vllm_before
-    hits = tokens = None
+    hits = tokens = lookup_s = None
     if recorder is not None and recorder.calls > lookups:
         hits = int(np.count_nonzero(recorder.tokens))
         tokens = int(recorder.tokens.sum())
-    return Sample(elapsed, vllm_s, len(out.scheduled_new_reqs), prepass, hits, tokens)
+        lookup_s = recorder.seconds
+    return Sample(elapsed, vllm_s, len(out.scheduled_new_reqs), prepass, hits, tokens, lookup_s)
 
 
 def _timed_add(offline: Any, sched: Any, requests: list[Any]) -> tuple[float, float]:
@@ -488,7 +481,15 @@ def _result(arm: str, kind: str, n: int, samples: Sequence[Sample]) -> ArmResult
         statistics.median(s.tier_hits or 0 for s in tiered) if tiered else None,
         statistics.median(s.tier_tokens or 0 for s in tiered) if tiered else None,
         len(tiered),
+        _lookup_ms([s.tier_lookup_s * 1e3 for s in tiered if s.tier_lookup_s is not None]),
     )
+
+
+def _lookup_ms(values: list[float]) -> tuple[float, float, float] | None:
+    """(median, mean, p90) of the tier lookup's times; None: no lookup."""
+    if not values:
+        return None
+    return statistics.median(values), statistics.mean(values), _p90(values)
 
 
 def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> list[ArmResult]:
@@ -745,7 +746,8 @@ def tier_pairs(results: list[ArmResult]) -> list[tuple[ArmResult, ArmResult]]:
     pairs = []
     for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind), not is_vllm(r.arm))):
         if is_tier(r.arm):
-            plain = "+".join([arm_parts(r.arm)[0], *sorted(arm_parts(r.arm)[1] - {"tier"})])
+            plain = "+".join([arm_parts(r.arm)[0],
+                              *sorted(arm_parts(r.arm)[1] - {"tier", "blind"})])
             other = rows.get((plain, r.waiting, r.kind))
             if other is not None:
                 pairs.append((other, r))
@@ -774,8 +776,8 @@ def tier_markdown(results: list[ArmResult]) -> str:
     lines = [
         "| waiting | step kind | arms | Fairway's own median ms | + tier ms | pre-pass median ms "
         "| + tier ms | vLLM's part median ms | + tier ms | waiting with a tier hit | "
-        "tier tokens | tier lookups | tier goal met |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "tier tokens | tier lookups | lookup median / mean / p90 ms | tier goal met |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for plain, tiered in tier_pairs(results):
         vllm = is_vllm(plain.arm)
@@ -785,13 +787,15 @@ def tier_markdown(results: list[ArmResult]) -> str:
             "-" if value is None else f"{value:,.1f}".removesuffix(".0")
             for value in (tiered.tier_hits_median, tiered.tier_tokens_median)
         )
+        times = tiered.tier_lookup_ms
+        lookup = "-" if times is None else " / ".join(f"{t:.3f}" for t in times)
         lines.append(
             f"| {plain.waiting:,} | {plain.kind} | {plain.arm} / {tiered.arm} | {own} | "
             f"{own_diff} | {ms(plain.prepass_ms)} / {ms(tiered.prepass_ms)} | "
             f"{diff(plain.prepass_ms, tiered.prepass_ms)} | "
             f"{plain.vllm_median_ms:.3f} / {tiered.vllm_median_ms:.3f} | "
             f"{diff(plain.vllm_median_ms, tiered.vllm_median_ms)} | {hits} | {tokens} | "
-            f"{tiered.tier_lookup_steps} | {tier_goal_met(plain, tiered)} |"
+            f"{tiered.tier_lookup_steps} | {lookup} | {tier_goal_met(plain, tiered)} |"
         )
     return "\n".join(lines)
 
@@ -833,8 +837,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error("--sizes must be >= 1, --steps >= --rounds, --bursts >= 1")
     for arm in args.policies:
         policy, flags = arm_parts(arm)
-        if policy == "vllm" or not flags <= set(ARM_FLAGS):
-            parser.error(f"--policies: {arm!r} is not POLICY[+tenants][+tier]")
+        if policy == "vllm" or not flags <= set(ARM_FLAGS) or ("blind" in flags
+                                                              and "tier" not in flags):
+            parser.error(f"--policies: {arm!r} is not POLICY[+tenants][+tier[+blind]]")
     if any(is_tier(arm) for arm in args.policies):
         prefix_blocks = PREFIX_TOKENS // BLOCK_SIZE
         if args.tier_blocks is None:

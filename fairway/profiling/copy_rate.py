@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fairway.errors import ProfileError
-from fairway.profiling.load_cost import LoadCost
+from fairway.profiling.load_cost import LoadCost, kv_bytes_per_token
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +180,7 @@ def kv_bytes_per_token_from_config(config: Mapping[str, Any], dtype: str | None 
             raise ProfileError(f"hidden_size {hidden} is not a multiple of num_attention_heads "
                                f"{heads}; pass --kv-bytes-per-token")
         head_dim = hidden // heads
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+    return kv_bytes_per_token(layers, kv_heads, head_dim, dtype_bytes)
 
 
 def _positive(config: Mapping[str, Any], key: str) -> int:

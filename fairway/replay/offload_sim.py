@@ -56,19 +56,19 @@ def blocks_for_gib(gib: float, cost: LoadCost, block_size: int) -> int:
         math.isfinite(gib) and gib > 0
     ):
         raise FairwayConfigError(f"--kv-offloading-size must be a number of GiB > 0, got {gib!r}")
-    block_bytes = cost.kv_bytes_per_token * block_size
-    blocks = math.floor(gib * (1 << 30) / block_bytes)
+    blocks = math.floor(gib * cost.tokens_per_gib() / block_size)
     if blocks < 1:
         raise FairwayConfigError(
             f"--kv-offloading-size {gib!r} GiB holds no block of {block_size} tokens "
-            f"({block_bytes:,} bytes at {cost.kv_bytes_per_token:,} KV bytes per token)"
+            f"({cost.kv_bytes_per_token * block_size:,} bytes at {cost.kv_bytes_per_token:,} KV "
+            "bytes per token)"
         )
     return blocks
 
 
 def gib_of_blocks(blocks: int, cost: LoadCost, block_size: int) -> float:
     """The GiB of host memory `blocks` tier blocks take at the model's KV bytes per token."""
-    return blocks * cost.kv_bytes_per_token * block_size / (1 << 30)
+    return blocks * block_size / cost.tokens_per_gib()
 
 
 # --- the worker half ------------------------------------------------------------------------------
@@ -155,8 +155,8 @@ class TierTransfers:
             raise FairwayConfigError(f"block_size must be >= 1, got {block_size}")
         self.cost = cost
         self.block_size = block_size
-        self._loads = _Channel(cost.kv_bytes_per_token / cost.h2d_bytes_per_s)
-        self._stores = _Channel(cost.kv_bytes_per_token / cost.d2h_bytes_per_s)
+        self._loads = _Channel(cost.load_s(1))
+        self._stores = _Channel(cost.store_s(1))
         #: Stores of the last step (vLLM `TransferJob`s), submitted at the start of the next.
         self._deferred: list[tuple[int, Any]] = []
         self.counters = TierCounters()

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fairway.errors import FairwayConfigError
+from fairway.vllm import internals
 
 #: vLLM's `kv_connector` name of the CPU tier (what `--kv-offloading-size` selects).
 CONNECTOR = "OffloadingConnector"
@@ -48,10 +49,11 @@ def tier_scheduler(scheduler: Any) -> Any:
     Raises:
         FairwayConfigError: the engine has no offloading connector.
     """
-    connector = getattr(scheduler, "connector", None)  # vLLM internal: Scheduler.connector
-    if connector is None or type(connector).__name__ != CONNECTOR:
+    connector = internals.kv_connector(scheduler)
+    tier = internals.offloading_scheduler(connector)
+    if tier is None:
         raise FairwayConfigError(f"the replay's engine has no {CONNECTOR} (got {connector!r})")
-    return connector.connector_scheduler  # vLLM internal: OffloadingConnector.connector_scheduler
+    return tier
 
 
 def check_tier_blocks(scheduler: Any, blocks: int) -> None:

@@ -314,10 +314,6 @@ class QueueSlots:
         """Prompt tokens (L) of the requests in `slots`."""
         return self._prompt[slots]
 
-    def requests_of(self, slots: np.ndarray) -> list[Request]:
-        """The requests in `slots`, in that order."""
-        return self._request_of[slots].tolist()
-
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""
         live = self._arrival[self._live]

@@ -37,13 +37,6 @@ from fairway.vllm import internals
 
 logger = init_logger(__name__)
 
-#: How a tier hit counts in the order (option `tier`): `priced`, its load over compute time
-#: (`fairway.profiling.load_cost`); `equal`, as a GPU hit (SGLang HiCache's rule); `fixed`, a
-#: constant share of one (`tier_weight`, Dynamo's router uses 0.75 for host memory); `blind`,
-#: not at all (the order of a Fairway without the probe).
-TIER_RULES = ("priced", "equal", "fixed", "blind")
-
-
 class TierProbe:
     """Tier-hit tokens and deferrals of waiting requests, by the scheduler's slots.
 
@@ -193,13 +186,6 @@ class TierProbe:
         self.last_tokens = int(tokens.sum())
         self.last_deferred = int(deferred.sum())
         return tokens, deferred
-
-    def fresh_tokens(self, request: Request, gpu_hit: int) -> tuple[int, bool]:
-        """A full scan that ignores and does not update the memo (tests): (tokens, pending)."""
-        start = gpu_hit // self.chunk_tokens
-        end, pending = self._scan(request, start, None,
-                                  _load_limit(request, gpu_hit, self.chunk_tokens))
-        return self._run_tokens(request, gpu_hit, end), pending
 
     # --- one request ------------------------------------------------------------------------------
 
@@ -354,7 +340,10 @@ def _load_limit(request: Request, gpu_hit: int, chunk_tokens: int) -> int | None
 
 
 def tier_weight(rule: str, fixed_weight: float, load_to_compute: float) -> float:
-    """The share of a GPU hit one tier token counts as, per rule (`TIER_RULES`)."""
+    """The share of a GPU hit one tier token counts as, per rule (option `tier`): `priced`, its
+    load over compute time (`fairway.profiling.load_cost`); `equal`, a GPU hit's (SGLang HiCache's
+    rule); `fixed`, a constant share (`tier_weight`: Dynamo's router uses 0.75 for host memory);
+    `blind`, none (the order of a Fairway without the probe)."""
     if rule == "equal":
         return 1.0
     if rule == "fixed":

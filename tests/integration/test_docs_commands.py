@@ -136,8 +136,8 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway+tenants "
     "--tenants 8 --sizes 1000 --no-memory":
         Entry("PARSE", "a timing benchmark (~80 s)"),
-    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway+tier --sizes "
-    "1000 --no-memory":
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway+tier "
+    "fairway+tier+blind --sizes 1000 --no-memory":
         Entry("PARSE", "a timing benchmark (~40 s); tests/integration/test_overhead_benchmark.py "
               "runs its +tier arm at a tiny size"),
     ".venv/bin/python benchmarks/e7_offload_tier.py --out results/e7":

@@ -21,26 +21,15 @@ pytestmark = pytest.mark.integration
 BS = 16
 
 
-def _tier_config(tier_blocks: int) -> dict:
-    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
-    # the offline harness's fake KV spec has a few bytes per block, aligned up to one unit
-    return {
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "cpu_bytes_to_use": tier_blocks * SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT
-        },
-    }
-
-
 def _scheduler(offline, policy="fairway", *, num_blocks=40, tier_blocks=400, options=None,
                **kwargs):
+    from fairway.vllm import offload_worker
+
     sched = offline.make_offline_scheduler(
-        policy, num_blocks=num_blocks, kv_transfer_config=_tier_config(tier_blocks),
-        log_stats=False, fairway_options=options, **kwargs,
+        policy, num_blocks=num_blocks, log_stats=False, fairway_options=options,
+        kv_transfer_config=offload_worker.transfer_config(tier_blocks), **kwargs,
     )
-    assert sched.connector.connector_scheduler.manager._num_chunks == tier_blocks
+    offload_worker.check_tier_blocks(sched, tier_blocks)
     return sched
 
 
