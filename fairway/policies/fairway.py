@@ -1,20 +1,19 @@
-"""Fairway: the paper's two lanes and work charges, the charges carried across the steps of a
-long Fair front.
+"""`fairway`, the default policy: the paper's two lanes and work charges, carried across the steps
+a long request needs.
 
-Must not import vllm. Registered as `fairway`. The paper's per-step rule, ledgers reset every
-step and running prefills left to vLLM, is `fairway-step` (`fairway.policies.fairway_step`); both
-use the same Fast-lane score and the same merge (`fairway.policies.lanes`).
-
-Read `FairwayPolicy.plan` first: the step's rule in plain Python over the whole lanes (its
-`order` is the paper's, `fairway-step`'s). `ordering` below it is what the engine runs: the same
-plan from the first entries of each lane only, found by partial selections over the queue's
-numpy columns; tests/unit/test_queue.py (hypothesis) keeps the two equal.
+Must not import vllm. Read `FairwayPolicy.decide` first: the rule for one step in plain Python
+over the whole lanes (sorted, merged, charged, granted). `ordering` below it is what the engine
+runs: the same decisions from the first entries of each lane only, over the queue's numpy
+columns; tests/unit/test_fairway_reference.py (hypothesis) holds the two equal decision for
+decision over carried steps. The rule's guarantee is in docs/design.md ("Across steps"); the
+paper's per-step rule is `fairway-step` (`fairway.policies.fairway_step`); both share the
+Fast-lane score and the merge of `fairway.policies.lanes`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -32,196 +31,35 @@ from fairway.policies.lanes import (
 from fairway.policies.queue import (
     UNPLACED_LANE,
     Ordering,
-    PrefillingRequest,
     QueueColumns,
     QueuedRequest,
     Step,
     StepPlan,
     head_order,
 )
-
-
-@dataclass(slots=True)
-class LaneLedgers:
-    """The two lanes' work charges, kept while steps stay contested.
-
-    `fast` and `fair` are the ledgers the merge compares: the paper's start (w x the Fast front's
-    work, the Fair front's work) plus, after each contested step, w x the prefill tokens vLLM
-    scheduled for the requests the Fast lane placed and 1 x those of the Fair lane's. The token
-    counts and `start_gap` (fast - fair at the start) make the guarantee checkable:
-    w x fast_tokens - fair_tokens == (fast - fair) - start_gap.
-    """
-
-    fast: float = 0.0
-    fair: float = 0.0
-    fast_tokens: int = 0
-    fair_tokens: int = 0
-    #: Contested steps booked since the contest began (0: no contest).
-    steps: int = 0
-    start_gap: float = 0.0
-    active: bool = False
-
-    @property
-    def gap(self) -> float:
-        """D = fast - fair: the Fast lane goes first while D <= 0."""
-        return self.fast - self.fair
-
-    def start(self, fast: float, fair: float) -> None:
-        self.fast, self.fair, self.start_gap, self.active = fast, fair, fast - fair, True
-        self.fast_tokens = self.fair_tokens = self.steps = 0
-
-    def charge(self, fast_tokens: int, fair_tokens: int, weight: float) -> None:
-        self.fast += weight * fast_tokens
-        self.fair += fair_tokens
-        self.fast_tokens += fast_tokens
-        self.fair_tokens += fair_tokens
-        self.steps += 1
-
-    def reset(self) -> None:
-        self.fast = self.fair = self.start_gap = 0.0
-        self.fast_tokens = self.fair_tokens = self.steps = 0
-        self.active = False
-
-
-def grants(
-    keys: Sequence[int],
-    work: Mapping[int, int],
-    tokens: int,
-    slots: int,
-    done: Mapping[int, int] | None = None,
-    free_blocks: int | None = None,
-    block_size: int = 16,
-    loads: Container[int] = (),
-) -> list[int]:
-    """Prefill tokens each placement gets when the step's `tokens` are given out in merge order:
-    min(its work, what is left), a waiting request (key >= 0) only while `slots` last.
-
-    A waiting request in `loads` (a hit in the CPU offload tier) gets nothing and takes no slot:
-    vLLM starts its copy and computes nothing for it in this step (it waits outside the running
-    set for the copy), so the tokens go on to the next placements; its blocks are counted.
-
-    With `free_blocks` (and `done`: the tokens each request already holds, cached or computed)
-    the KV stop is foreseen as vLLM makes it: the first waiting request whose blocks do not fit
-    (all of them counted, the cached ones too, since evictable cached blocks are in the free
-    count) gets nothing, nor does any waiting request after it; running prefills keep getting
-    tokens (their new blocks only). So a plan never holds a running prefill back for a waiting
-    request that cannot start: that step would have nothing to schedule, and the next the same."""
-    out: list[int] = []
-    left = tokens
-    blocks = free_blocks
-    stopped = False
-    for key in keys:
-        if key >= 0 and key in loads and not stopped:
-            out.append(0)
-            if blocks is not None and done is not None:
-                need = -(-done[key] // block_size)
-                if need > blocks:
-                    stopped = True
-                else:
-                    blocks -= need
-            continue
-        if left <= 0 or (key >= 0 and (slots <= 0 or stopped)):
-            out.append(0)
-            continue
-        given = min(work[key], left)
-        if blocks is not None and done is not None:
-            held = done[key]
-            need = -(-(held + given) // block_size) - (-(-held // block_size) if key < 0 else 0)
-            if key >= 0 and need > blocks:
-                stopped = True
-                out.append(0)
-                continue
-            blocks -= min(need, blocks)
-        if key >= 0:
-            slots -= 1
-        out.append(given)
-        left -= given
-    return out
+from fairway.policies.shares import (
+    MAX_SHARE_CLASSES,
+    class_prefixes,
+    classes_differ,
+    entry_keys,
+    key_maps,
+    lane_prefix,
+    tenant_tags,
+)
 
 
 @register_policy("fairway")
 @dataclass(eq=False)
 class FairwayPolicy(FastLanePolicy):
-    """The paper's two lanes and work charges over waiting and prefilling requests, carried
-    across the steps a long Fair front needs.
-
-    Lanes. Both lanes hold every request whose prefill is not finished: the waiting ones and the
-    running ones in chunked prefill. Fast: `FastLanePolicy`'s order (s = h / max(c, 1) +
-    wait / SLO; a running prefill's computed tokens play the cached part), running before
-    waiting on a tie.
-    Fair: the running prefills by arrival, then the waiting requests by arrival (started first,
-    finished first). Each request is in both lanes and is served by whichever places it first.
-    In a contested step the Fast lane starts only what it finishes in the step (`merge`'s
-    `fit`): a request it could only start is left to the Fair lane, so every partial start is
-    the Fair lane's last placement, and the Fair front from the next step on. (Without these
-    two rules the Fast lane started long requests at the end of steps and later steps held them
-    back half done, several at a time: the tail of E2's long prompts, and in a small KV cache a
-    queue that could not start at all.)
-
-    Merge (`merge`, the paper's): the lane with the smaller ledger places its next request not yet
-    placed and adds its work (uncached tokens; x w = fast_weight for Fast); ties go to Fast.
-    Once the step's free request slots are placed, only running prefills are placed (a waiting
-    request without a slot gets nothing this step), then the rest of the queue. Each placed
-    request is charged to the lane that placed it, except a Fair front (the oldest request) that
-    the per-step rule would starve (work >= w P), which is always the Fair lane's.
-
-    Contest. A step is contested when at least two requests compete, the two lanes' fronts
-    differ, and their work exceeds P (the step's token budget minus the running decodes').
-    Otherwise it is vLLM's own step (order by the paper's merge, nothing capped or held) and the
-    ledgers restart. Ledgers start as the paper's (w x the Fast front's work, the Fair front's
-    work); after each contested step each lane is charged the prefill tokens vLLM actually
-    scheduled for the requests it placed (x w for Fast), and the next step's merge starts from
-    the charged ledgers. They restart (the paper's start again) at every contested step whose
-    Fair front needs less than one step (work < P): the paper's per-step rule already starts such
-    a front in the step (at most its work / w goes ahead of it), so carrying is needed only for
-    a front that needs several steps, which the per-step rule starves from w x P tokens on.
-
-    Applying the step (`Ordering.plan`, a `StepPlan` the scheduler applies): the waiting queue in
-    merge order; the prefilling running requests in merge order; the step's tokens given out in
-    merge order (`grants`) decide the rest (vLLM serves running requests first, whatever the order):
-    a running prefill that gets nothing is held back for the step, and the one the budget runs out
-    on keeps its grant and no more (vLLM's per-request cap, `long_prefill_token_threshold`, set for
-    the step to that grant). If a request placed before it would need more than that grant, the
-    running prefill is held back instead (it loses less than that request's work, and its lane is
-    charged only what it got); the Fair front is not held so two steps in a row: the second time
-    its cap is the largest work placed before it, so it gets at least that much (the requests
-    after it in vLLM's service order get less; one of them may be left half done). A cap on
-    every running prefill at its lane's share of each step was measured and not kept (one E2 run
-    of that variant): it changed nothing for hits behind a long
-    miss once the Fair front is charged to its own lane, and it raised E2's p99s (up to 1.75 x
-    `fairway-step`'s), making several long prefills share steps and all finish later.
-
-    The grants foresee vLLM's KV stop (`grants`), so no running prefill is held for a waiting
-    request that cannot start, and after a step that held prefills and scheduled nothing the
-    next plan holds none.
-
-    Guarantee (contested steps; w = fast_weight, P the step's prefill budget, D = fast - fair):
-        * the lagging lane goes first: D <= 0, the Fast lane places first (its first request
-          that fits the step; if none does, the Fair lane); else the Fair lane;
-        * started first, finished first: the Fair front is the oldest running prefill while one
-          is partly done, else the oldest waiting request; after a contested step at most one
-          prefill is partly done that was not before it, the Fair lane's last placement (unless
-          vLLM's one cap could not split the step as planned: a held prefill, or the Fair
-          front's cap raised after it was held);
-        * while the ledgers carry, D stays within one chunk of the other lane: D <= 0 before a
-          step gives D' <= max(D, w P) after it, D > 0 gives D' >= min(D, -P) (with exact
-          admission: no KV-block stop, no preemption). The charges are the scheduled tokens, so
-          over any run of carried steps w x (Fast tokens) - (Fair tokens) = D - D_0 stays within
-          [-P, w P] of -D_0 (D_0 = the paper's start gap): the Fair lane gets w / (1 + w) of the
-          tokens and the Fast lane 1 / (1 + w) while both have demand, each taking what the
-          other does not use;
-        * the Fair front O gets prefill tokens within ceil(max(0, -D) / (w P)) + 1 contested
-          steps of becoming the front (each step the Fast lane goes first raises D by w x its
-          tokens, and Fast takes the whole step only while its ledger stays below Fair's): for
-          a new contest ceil(W_O / (w P)) + 1 steps, W_O its work; once the start gap is worked
-          off, within 2 steps, whatever O's size; plus one step for each time O is held rather
-          than capped below a request placed before it, never two steps in a row;
-        * on the first contested step after an uncontested one, with no running prefill, the
-          waiting order equals `fairway-step`'s merge with the Fast lane passing over what it
-          cannot finish in the step (the worked example holds for both).
-
-    Caller's contract: call `ordering()` before every step (also when only prefills run) and
-    `on_step_end(..., prefill_by_request=)` after it; `order()` alone gives the paper's order.
+    """The paper's Fast and Fair lanes over the waiting and the chunk-prefilling requests, merged
+    by work charges that are carried from step to step while the steps stay contested, and each
+    step's prefill tokens split in merge order (a `StepPlan`: the running prefills' order, one
+    cap, the prefills held back). Under contention the Fair lane gets w / (1 + w) of the prefill
+    tokens and the Fast lane 1 / (1 + w) (w = `fast_weight`), a started prefill is finished
+    before the Fair lane starts another, and the oldest request gets tokens within a bounded
+    number of steps: docs/design.md ("Across steps") states the rule and its guarantee, and
+    "Priority levels and tenants" the classed form. Caller's contract: `Policy`'s, calling
+    `ordering()` also in steps where only prefills run, with `prefill_by_request` after each.
     """
 
     needs_cache_hits: ClassVar[bool] = True
@@ -245,7 +83,7 @@ class FairwayPolicy(FastLanePolicy):
             raise ValueError(f"tenant_credit_steps must be a finite number >= 0, got {credit!r}")
 
     #: The lane ledgers, carried while steps stay contested.
-    ledger: LaneLedgers = field(init=False, repr=False, default_factory=LaneLedgers)
+    ledger: LaneLedgers = field(init=False, repr=False, default_factory=lambda: LaneLedgers())
     #: Lane each request placed in a contested step is charged to, booked after the step.
     _pending: dict[str, str] | None = field(init=False, repr=False, default=None)
     #: The last plan held prefills back (`_held`); after such a step that scheduled nothing, the
@@ -275,41 +113,124 @@ class FairwayPolicy(FastLanePolicy):
 
     # --- the rule ---------------------------------------------------------------------------------
 
+    def decide(
+        self, waiting: Sequence[QueuedRequest], step: Step, loading: Collection[int] = ()
+    ) -> Ordering:
+        """One step of the rule, in plain Python over the whole lanes: the reference `ordering`
+        must equal. `loading`: positions of waiting requests vLLM admits by a copy from its CPU
+        offload tier (they take no tokens and no slot in the step). Several tenants at the level
+        served first share the step by their own lanes (`ordering`'s `_tenant_merge`)."""
+        if len({r.tenant for r in self._top_level(waiting, step)}) > 1:
+            return self.ordering(QueueColumns.of(waiting), step)
+        # The requests: waiting position i is key i, running prefill j is key -(j + 1).
+        req = dict(enumerate(waiting))
+        req.update({-(j + 1): p.view() for j, p in enumerate(step.prefilling)})
+        self._pending = None
+        if not req:
+            self.ledger.reset()
+            self._front_held = None
+            return Ordering([], [], StepPlan())
+        work = {k: r.remaining for k, r in req.items()}
+
+        def tie(k: int) -> tuple[bool, int]:  # running prefills first, then by position
+            return (k >= 0, k if k >= 0 else -k - 1)
+
+        # Lanes, the priority level first: Fast by score; Fair running first, then by arrival.
+        fast = sorted(req, key=lambda k: (req[k].priority, -self.fast_score(req[k], step.now),
+                                          req[k].arrival, tie(k)))
+        fair = sorted(req, key=lambda k: (req[k].priority, k >= 0, req[k].arrival, tie(k)))
+        front, w, budget = fair[0], self.fast_weight, step.budget
+        tokens = 0 if budget is None else max(0, budget.tokens - sum(budget.ahead))
+        slots = None if budget is None else max(0, budget.free_slots - len(budget.ahead))
+        # Contest: two requests compete, the lanes' fronts differ (or levels do), too much work.
+        levels = {r.priority for r in req.values()}
+        contested = (budget is not None and tokens > 0 and len(req) >= 2
+                     and (fast[0] != front or len(levels) > 1) and sum(work.values()) > tokens)
+        if slots == 0 and not step.prefilling:
+            contested = False  # nothing can start or continue: the ledgers stay as they are
+        elif not contested:
+            self.ledger.reset()
+        elif not self.ledger.active or work[front] < tokens:
+            self.ledger.start(w * work[fast[0]], float(work[front]))  # the paper's start
+        ledger = [self.ledger.fast, self.ledger.fair] if contested else [
+            w * work[fast[0]], float(work[front])]
+        # Merge: the smaller ledger places its next request (ties to Fast) and adds its work,
+        # x w for Fast. Contested, the Fast lane passes over what it cannot finish in the step.
+        # Once the free slots are placed, the running prefills come before any other waiting one.
+        keys: list[int] = []
+        lanes: list[str] = []
+        passed: set[int] = set()
+        placed_work = 0.0
+        while len(keys) < len(req):
+            started = sum(k >= 0 for k in keys)
+            only_running = slots is not None and started >= slots and any(
+                k < 0 and k not in keys for k in req)
+            pool = [k for k in req if k not in keys and (k < 0 or not only_running)]
+            fast_next = next((k for k in fast if k in pool and k not in passed), None)
+            if fast_next is not None and ledger[0] <= ledger[1]:
+                if contested and placed_work < tokens and work[fast_next] > tokens - placed_work:
+                    passed.add(fast_next)
+                    continue
+                key, lane = fast_next, FAST
+                ledger[0] += w * work[key]
+            else:
+                key, lane = next(k for k in fair if k in pool), FAIR
+                ledger[1] += work[key]
+            keys.append(key)
+            lanes.append(lane)
+            placed_work += work[key]
+        # Charges: the placing lane's, but a Fair front of w steps or more is the Fair lane's.
+        ids = {k: r.request_id for k, r in req.items()}
+        charged = {ids[k]: FAIR if k == front and work[front] >= w * tokens else lane
+                   for k, lane in zip(keys, lanes, strict=True)}
+        rows = [k for k in keys if k >= 0]
+        row_lanes = [lane for k, lane in zip(keys, lanes, strict=True) if k >= 0]
+        if not contested:  # vLLM's own step: the order only
+            self._front_held = None
+            return Ordering(rows, row_lanes, StepPlan(ids[front], budget=tokens, lanes=charged))
+        assert budget is not None
+        # Grants: the step's tokens in merge order; a running prefill given nothing is held, the
+        # one the tokens run out on is capped at its grant, or held if that cap would chunk a
+        # request placed before it (the Fair front is not held two steps in a row).
+        done = {k: r.prompt_tokens - r.remaining for k, r in req.items()}
+        given = grants(keys, work, tokens, slots or 0, done, budget.free_blocks,
+                       budget.block_size, loading)
+        hold = {ids[k] for k, g in zip(keys, given, strict=True) if k < 0 and g == 0}
+        cap = tokens
+        for i, (key, grant) in enumerate(zip(keys, given, strict=True)):
+            if key < 0 and 0 < grant < work[key]:
+                before = [work[k] for k, g in zip(keys[:i], given[:i], strict=True) if g > 0]
+                if all(amount <= grant for amount in before):
+                    cap = grant
+                elif key == front and ids[key] == self._front_held:
+                    cap = max(before)
+                else:
+                    hold.add(ids[key])
+                break
+        if self._release:  # the last step held prefills and scheduled nothing: hold none now
+            hold.clear()
+        self._front_held = ids[front] if ids[front] in hold else None
+        self._held, self._release, self._pending = bool(hold), False, charged
+        return Ordering(rows, row_lanes, StepPlan(
+            ids[front], cap=cap, running_order=tuple(ids[k] for k in keys if k < 0),
+            hold=frozenset(hold), budget=tokens, contested=True, lanes=charged,
+        ))
+
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
-        """The paper's order (`fairway-step`'s): what `plan` gives without a step budget."""
-        return [int(i) for i in np.asarray(self.plan(queue, Step(now)).order)]
+        """`decide`'s order for a step whose budget is unknown (`Step(now)`): no such step is
+        contested, so this is the paper's merge (`fairway-step`'s order); with the step's budget
+        and its running prefills, `decide` is the whole rule."""
+        return [int(i) for i in self.decide(queue, Step(now)).order]
 
-    def plan(self, waiting: Sequence[QueuedRequest], step: Step) -> Ordering:
-        """The step's order and plan, from the whole lanes sorted in plain Python.
+    @staticmethod
+    def _top_level(waiting: Sequence[QueuedRequest], step: Step) -> list[QueuedRequest]:
+        """The requests of the priority level served first."""
+        everyone = [*waiting, *(p.view() for p in step.prefilling)]
+        top = min((r.priority for r in everyone), default=0)
+        return [r for r in everyone if r.priority == top]
 
-        Fast lane: score descending, then older, a running prefill before a waiting request on
-        a tie; Fair lane: the running prefills (started first, finished first), then the waiting
-        requests, each by arrival. Running prefills have keys -(j + 1), waiting requests their
-        positions; each request is in both lanes."""
-        running = [p.view() for p in step.prefilling]
-        entries = [(r, i) for i, r in enumerate(waiting)] + [
-            (r, -(j + 1)) for j, r in enumerate(running)
-        ]
-        score = {key: self.fast_score(r, step.now) for r, key in entries}
+    # --- what the engine runs: the same decisions from the first entries of each lane -------------
 
-        def tie(key: int) -> tuple[int, int]:  # running first, then by position
-            return (0, -key - 1) if key < 0 else (1, key)
-
-        fast = [k for _, k in sorted(entries, key=lambda e: (-score[e[1]], e[0].arrival,
-                                                              tie(e[1])))]
-        fair = [k for _, k in sorted(entries, key=lambda e: (e[1] >= 0, e[0].arrival,
-                                                              tie(e[1])))]
-        work = {key: r.remaining for r, key in entries}
-        done = {key: r.prompt_tokens - r.remaining for r, key in entries}
-        queue_work = float(sum(r.remaining for r in waiting))
-        decided = self._decide(
-            fast, fair, work, done, queue_work, len(waiting), step,
-            lambda rows: [waiting[i].request_id for i in rows], fast_whole=True,
-        )
-        assert decided is not None  # the whole Fast lane is never used up by passes alone
-        return decided
-
-    # --- what the engine runs: the same plan from the first entries of each lane ------------------
 
     def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
         """`plan()` over the scheduler's columns: only the rows either lane can place this step
@@ -318,7 +239,7 @@ class FairwayPolicy(FastLanePolicy):
         tenants or priority levels takes `_classed_ordering`."""
         tier = queue.tier_tokens
         self._loads = frozenset(np.flatnonzero(tier > 0).tolist()) if tier is not None else ()
-        if queue.mixed or _classes_differ(queue, step.prefilling):
+        if queue.mixed or classes_differ(queue, step.prefilling):
             return self._classed_ordering(queue, step)
         if len(step.tenant_weights) > 1 or queue.priority is not None:
             self._one_class(queue, step)  # its counter runs on, for the others' return
@@ -418,14 +339,14 @@ class FairwayPolicy(FastLanePolicy):
             self._class_of_id = dict(zip(decided.plan.lanes, classes, strict=True))
             return decided
         self._tenants_contend = False  # one tenant per level: no share to keep
-        fair = _lane_prefix(fair_lane, waiting, reach)  # as the plain path: never widened
+        fair = lane_prefix(fair_lane, waiting, reach)  # as the plain path: never widened
         while True:
-            fast = _lane_prefix(fast_lane, waiting, reach)
+            fast = lane_prefix(fast_lane, waiting, reach)
             entries = np.union1d(fast, fair)
-            work_of, done = _key_maps(entries, n, work, prompt)
+            work_of, done = key_maps(entries, n, work, prompt)
             decided = self._decide(
-                _keys(fast, n).tolist(), _keys(fair, n).tolist(), work_of, done, queue_work, n,
-                step, queue.ids_of, fast_whole=int(waiting[fast].sum()) >= n,
+                entry_keys(fast, n).tolist(), entry_keys(fair, n).tolist(), work_of, done,
+                queue_work, n, step, queue.ids_of, fast_whole=int(waiting[fast].sum()) >= n,
                 shared=bool(len(level)) and level.min() != level.max(),  # levels: hold the lower
             )
             if decided is not None:
@@ -459,11 +380,11 @@ class FairwayPolicy(FastLanePolicy):
         """
         n = int(waiting.sum())
         limit = float(tokens) if tokens > 0 else float("inf")
-        fast_entries, fast_groups = _class_prefixes(fast_lane, share, waiting, work, limit, reach)
-        fair_entries, fair_groups = _class_prefixes(fair_lane, share, waiting, work, limit, reach)
-        work_of, done = _key_maps(np.union1d(fast_entries, fair_entries), n, work, prompt)
-        fast_keys = _keys(fast_entries, n).tolist()
-        fair_keys = _keys(fair_entries, n).tolist()
+        fast_entries, fast_groups = class_prefixes(fast_lane, share, waiting, work, limit, reach)
+        fair_entries, fair_groups = class_prefixes(fair_lane, share, waiting, work, limit, reach)
+        work_of, done = key_maps(np.union1d(fast_entries, fair_entries), n, work, prompt)
+        fast_keys = entry_keys(fast_entries, n).tolist()
+        fair_keys = entry_keys(fair_entries, n).tolist()
         sequences: list[list[int]] = []
         labels: list[list[str]] = []
         charges: list[list[str]] = []
@@ -564,7 +485,7 @@ class FairwayPolicy(FastLanePolicy):
         share: np.ndarray = np.asarray(codes, dtype=np.intp)[inverse.reshape(-1)]
         return share
 
-    # --- the step's decision, from the lanes ------------------------------------------------------
+    # --- the step's decision from known prefixes of the lanes -------------------------------------
 
     def _decide(
         self,
@@ -580,46 +501,27 @@ class FairwayPolicy(FastLanePolicy):
         shared: bool = False,
         merged: tuple[list[int], list[str], list[str]] | None = None,
     ) -> Ordering | None:
-        """Contest, ledgers, merge and plan from the two lanes (known prefixes of them whose
-        merge places every running prefill and the scan's head). None when the Fast lane passed
-        over its whole known prefix and more of it exists (`fast_whole` False): the caller widens
-        the prefix and asks again (nothing was changed). `shared`: tenants share the step, so
-        it is contested whenever its requests ask for more than it has (the grants then hold a
-        running prefill of a tenant ahead of its share); `merged`: the placements (keys, lanes,
+        """`decide` from known prefixes of the two lanes whose merge places every running
+        prefill and the scan's head. None when the Fast lane passed over its whole known prefix
+        and more of it exists (`fast_whole` False): the caller widens the prefix and asks again
+        (nothing was changed). `shared`: several classes share the step, so it is contested
+        whenever its requests ask for more than it has; `merged`: the placements (keys, lanes,
         charges) made by the caller (the tenants' interleave of their own lanes), in place of
         the two lanes' merge, whose ledgers then stay reset."""
         self._pending = None
         front_held = self._front_held  # consumed only by a decision (not by a None answer)
-        prefilling, budget = step.prefilling, step.budget
-        m = len(prefilling)
+        m = len(step.prefilling)
         if n + m == 0:
             self.ledger.reset()
             self._front_held = None
             return Ordering([], [], StepPlan())
-        tokens = 0 if budget is None else max(0, budget.tokens - sum(budget.ahead))
-        contested = (
-            budget is not None
-            and tokens > 0
-            and n + m >= 2
-            and (fast[0] != fair[0] or shared)
-            and queue_work + sum(p.remaining for p in prefilling) > tokens
-        )
-        slots = None if budget is None else max(0, budget.free_slots - len(budget.ahead))
-        if slots == 0 and m == 0:  # nothing can start or continue: the ledgers stay (idle_step)
-            contested = False
-        elif not contested or merged is not None:
-            self.ledger.reset()
-        elif not self.ledger.active or work[fair[0]] < tokens:
-            # the paper's start; a Fair front that fits in one step is served by the paper's
-            # per-step rule (at most its work / w goes ahead of it), so the carry restarts
-            self.ledger.start(self.fast_weight * work[fast[0]], float(work[fair[0]]))
-        start = (self.ledger.fast, self.ledger.fair) if contested else None
-        # Placements until a lane's known prefix is used up: each is the whole queue's merge's;
-        # every running prefill and at least the scan's head of waiting rows are placed.
+        contested, tokens, slots = self._contest(fast, fair, work, queue_work, n, step, shared,
+                                                 merged is not None)
         passed: set[int] = set()
         if merged is not None:
             keys, lanes, charged = merged
         else:
+            start = (self.ledger.fast, self.ledger.fair) if contested else None
             keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots,
                                          tokens, fit=contested, skipped=passed)
         if passed and not fast_whole and passed.union(keys).issuperset(fast):
@@ -629,36 +531,16 @@ class FairwayPolicy(FastLanePolicy):
         order = head_order(rows, n) if len(rows) < n else np.asarray(rows, dtype=np.intp)
         lanes_out = row_lanes + [UNPLACED_LANE] * (n - len(rows))
         ids = dict(zip(rows, ids_of(rows), strict=True))
-        for j, p in enumerate(prefilling):
-            ids[-(j + 1)] = p.request_id
-        front = fair[0]
-        front_id = ids[front] if front in ids else ids_of([front])[0]
+        ids.update({-(j + 1): p.request_id for j, p in enumerate(step.prefilling)})
+        front_id = ids[fair[0]] if fair[0] in ids else ids_of([fair[0]])[0]
         placed = {ids[k]: lane for k, lane in zip(keys, charged, strict=True)}
         if not contested or slots is None:
             self._front_held = None
             return Ordering(order, lanes_out, StepPlan(front_id, budget=tokens, lanes=placed))
-        assert budget is not None  # contested
-        given = grants(keys, work, tokens, slots, done, budget.free_blocks, budget.block_size,
-                       self._loads)
-        got = dict(zip(keys, given, strict=True))
-        hold = {p.request_id for j, p in enumerate(prefilling) if got.get(-(j + 1), 0) == 0}
-        cap = tokens
-        for i, (key, grant) in enumerate(zip(keys, given, strict=True)):
-            if key < 0 and 0 < grant < work[key]:  # the running prefill the budget runs out on
-                before = [work[k] for k, b in zip(keys[:i], given[:i], strict=True) if b > 0]
-                if all(amount <= grant for amount in before):
-                    cap = grant
-                elif key == front and ids[key] == front_held:
-                    cap = max(before)  # the Fair front is not held two steps in a row: it gets
-                    # at least as much as any request placed before it
-                else:  # the cap would chunk a request placed before it: hold it instead
-                    hold.add(ids[key])
-                break
-        if self._release:
-            hold.clear()
+        cap, hold = self._cap_and_hold(keys, work, done, tokens, slots, step, fair[0], ids,
+                                       front_held)
         self._front_held = front_id if front_id in hold else None
-        self._held, self._release = bool(hold), False
-        self._pending = placed
+        self._held, self._release, self._pending = bool(hold), False, placed
         plan = StepPlan(
             front_id,
             cap=cap,
@@ -669,6 +551,73 @@ class FairwayPolicy(FastLanePolicy):
             lanes=placed,
         )
         return Ordering(order, lanes_out, plan)
+
+    def _contest(
+        self,
+        fast: list[int],
+        fair: list[int],
+        work: dict[int, int],
+        queue_work: float,
+        n: int,
+        step: Step,
+        shared: bool,
+        merged: bool,
+    ) -> tuple[bool, int, int | None]:
+        """Whether the step is contested, its prefill tokens and free slots; the ledgers started,
+        kept or reset as `decide` does."""
+        prefilling, budget = step.prefilling, step.budget
+        tokens = 0 if budget is None else max(0, budget.tokens - sum(budget.ahead))
+        contested = (
+            budget is not None
+            and tokens > 0
+            and n + len(prefilling) >= 2
+            and (fast[0] != fair[0] or shared)
+            and queue_work + sum(p.remaining for p in prefilling) > tokens
+        )
+        slots = None if budget is None else max(0, budget.free_slots - len(budget.ahead))
+        if slots == 0 and not prefilling:  # nothing can start or continue: the ledgers stay
+            contested = False
+        elif not contested or merged:
+            self.ledger.reset()
+        elif not self.ledger.active or work[fair[0]] < tokens:
+            self.ledger.start(self.fast_weight * work[fast[0]], float(work[fair[0]]))
+        return contested, tokens, slots
+
+    def _cap_and_hold(
+        self,
+        keys: list[int],
+        work: dict[int, int],
+        done: dict[int, int],
+        tokens: int,
+        slots: int,
+        step: Step,
+        front: int,
+        ids: dict[int, str],
+        front_held: str | None,
+    ) -> tuple[int, set[str]]:
+        """The step's cap and the running prefills held back, from the grants in merge order."""
+        budget = step.budget
+        assert budget is not None  # contested
+        given = grants(keys, work, tokens, slots, done, budget.free_blocks, budget.block_size,
+                       self._loads)
+        got = dict(zip(keys, given, strict=True))
+        hold = {p.request_id for j, p in enumerate(step.prefilling) if got.get(-(j + 1), 0) == 0}
+        cap = tokens
+        for i, (key, grant) in enumerate(zip(keys, given, strict=True)):
+            if key < 0 and 0 < grant < work[key]:  # the running prefill the budget runs out on
+                before = [work[k] for k, b in zip(keys[:i], given[:i], strict=True) if b > 0]
+                if all(amount <= grant for amount in before):
+                    cap = grant
+                elif key == front and ids[key] == front_held:
+                    cap = max(before)  # not held two steps in a row: at least what came before
+                else:  # the cap would chunk a request placed before it: hold it instead
+                    hold.add(ids[key])
+                break
+        if self._release:
+            hold.clear()
+        return cap, hold
+
+    # --- after the step --------------------------------------------------------------------------
 
     def idle_step(self) -> None:
         """No prefill can run this step: nothing is scheduled, so nothing is booked; the ledgers
@@ -746,6 +695,104 @@ class FairwayPolicy(FastLanePolicy):
         return dataclasses.asdict(self.ledger)
 
 
+@dataclass(slots=True)
+class LaneLedgers:
+    """The two lanes' work charges, kept while steps stay contested.
+
+    `fast` and `fair` are the ledgers the merge compares: the paper's start (w x the Fast front's
+    work, the Fair front's work) plus, after each contested step, w x the prefill tokens vLLM
+    scheduled for the requests the Fast lane placed and 1 x those of the Fair lane's. The token
+    counts and `start_gap` (fast - fair at the start) make the guarantee checkable:
+    w x fast_tokens - fair_tokens == (fast - fair) - start_gap.
+    """
+
+    fast: float = 0.0
+    fair: float = 0.0
+    fast_tokens: int = 0
+    fair_tokens: int = 0
+    #: Contested steps booked since the contest began (0: no contest).
+    steps: int = 0
+    start_gap: float = 0.0
+    active: bool = False
+
+    @property
+    def gap(self) -> float:
+        """D = fast - fair: the Fast lane goes first while D <= 0."""
+        return self.fast - self.fair
+
+    def start(self, fast: float, fair: float) -> None:
+        self.fast, self.fair, self.start_gap, self.active = fast, fair, fast - fair, True
+        self.fast_tokens = self.fair_tokens = self.steps = 0
+
+    def charge(self, fast_tokens: int, fair_tokens: int, weight: float) -> None:
+        self.fast += weight * fast_tokens
+        self.fair += fair_tokens
+        self.fast_tokens += fast_tokens
+        self.fair_tokens += fair_tokens
+        self.steps += 1
+
+    def reset(self) -> None:
+        self.fast = self.fair = self.start_gap = 0.0
+        self.fast_tokens = self.fair_tokens = self.steps = 0
+        self.active = False
+
+
+def grants(
+    keys: Sequence[int],
+    work: Mapping[int, int],
+    tokens: int,
+    slots: int,
+    done: Mapping[int, int] | None = None,
+    free_blocks: int | None = None,
+    block_size: int = 16,
+    loads: Container[int] = (),
+) -> list[int]:
+    """Prefill tokens each placement gets when the step's `tokens` are given out in merge order:
+    min(its work, what is left), a waiting request (key >= 0) only while `slots` last.
+
+    A waiting request in `loads` (a hit in the CPU offload tier) gets nothing and takes no slot:
+    vLLM starts its copy and computes nothing for it in this step (it waits outside the running
+    set for the copy), so the tokens go on to the next placements; its blocks are counted.
+
+    With `free_blocks` (and `done`: the tokens each request already holds, cached or computed)
+    the KV stop is foreseen as vLLM makes it: the first waiting request whose blocks do not fit
+    (all of them counted, the cached ones too, since evictable cached blocks are in the free
+    count) gets nothing, nor does any waiting request after it; running prefills keep getting
+    tokens (their new blocks only). So a plan never holds a running prefill back for a waiting
+    request that cannot start: that step would have nothing to schedule, and the next the same."""
+    out: list[int] = []
+    left = tokens
+    blocks = free_blocks
+    stopped = False
+    for key in keys:
+        if key >= 0 and key in loads and not stopped:
+            out.append(0)
+            if blocks is not None and done is not None:
+                need = -(-done[key] // block_size)
+                if need > blocks:
+                    stopped = True
+                else:
+                    blocks -= need
+            continue
+        if left <= 0 or (key >= 0 and (slots <= 0 or stopped)):
+            out.append(0)
+            continue
+        given = min(work[key], left)
+        if blocks is not None and done is not None:
+            held = done[key]
+            need = -(-(held + given) // block_size) - (-(-held // block_size) if key < 0 else 0)
+            if key >= 0 and need > blocks:
+                stopped = True
+                out.append(0)
+                continue
+            blocks -= min(need, blocks)
+        if key >= 0:
+            slots -= 1
+        out.append(given)
+        left -= given
+    return out
+
+
 def _with_running(
     rows: list[int],
     running_keys: list[tuple[float, ...]],
@@ -765,92 +812,3 @@ def _with_running(
         out.append(-(j + 1))
     out.extend(rows[i:])
     return out
-
-
-#: Share classes remembered at most (levels are integers a client picks); past it all restart.
-MAX_SHARE_CLASSES = 4096
-
-
-def _classes_differ(queue: QueueColumns, prefilling: Sequence[PrefillingRequest]) -> bool:
-    """Whether the running prefills bring a tenant or level the (one-class) queue lacks."""
-    if not prefilling:
-        return False
-    tenant = int(queue.tenants[0]) if len(queue) else prefilling[0].tenant
-    level = int(queue.priorities[0]) if len(queue) else prefilling[0].priority
-    return any(p.tenant != tenant or p.priority != level for p in prefilling)
-
-
-def tenant_tags(
-    entries: np.ndarray,
-    tenant: np.ndarray,
-    work: np.ndarray,
-    served: np.ndarray,
-    weights: np.ndarray,
-) -> np.ndarray:
-    """The tenant tag of each entry of a lane (`entries`, in the lane's order): its tenant's
-    counter plus the work of that tenant's entries before it in the lane, over its weight. The
-    merge by tag (smallest first) is the work charges one level up: the tenant that has been
-    served least, for its weight, places next."""
-    t = tenant[entries]
-    w = work[entries]
-    by_tenant = np.argsort(t, kind="stable")
-    cum = np.cumsum(w[by_tenant])
-    starts = np.searchsorted(t[by_tenant], t[by_tenant], side="left")
-    before_sorted = cum - w[by_tenant] - (cum[starts] - w[by_tenant][starts])
-    before = np.empty_like(before_sorted)
-    before[by_tenant] = before_sorted
-    tags: np.ndarray = served[t] + before / weights[t]
-    return tags
-
-
-def _lane_prefix(lane: np.ndarray, waiting: np.ndarray, reach: int) -> np.ndarray:
-    """The lane's entries up to its `reach`-th waiting request, and every running prefill."""
-    is_waiting = waiting[lane]
-    rank = np.cumsum(is_waiting)
-    prefix: np.ndarray = lane[~is_waiting | (rank <= reach)]
-    return prefix
-
-
-def _keys(entries: np.ndarray, n: int) -> np.ndarray:
-    """The merge's keys of entries (rows 0..n-1 waiting, n + j running prefill j): a waiting
-    row is its row, running prefill j is -(j + 1)."""
-    keys: np.ndarray = np.where(entries < n, entries, n - entries - 1)
-    return keys
-
-
-def _key_maps(
-    entries: np.ndarray, n: int, work: np.ndarray, prompt: np.ndarray
-) -> tuple[dict[int, int], dict[int, int]]:
-    """Work and tokens already held (cached or computed), by key, of these entries only."""
-    keys = _keys(entries, n).tolist()
-    amounts = work[entries].astype(np.int64)
-    return (
-        dict(zip(keys, amounts.tolist(), strict=True)),
-        dict(zip(keys, (prompt[entries] - amounts).tolist(), strict=True)),
-    )
-
-
-def _class_prefixes(
-    lane: np.ndarray, share: np.ndarray, waiting: np.ndarray, work: np.ndarray, limit: float,
-    reach: int,
-) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
-    """Each share class's part of a lane, in the lane's order, while the class's waiting work
-    before an entry is below `limit` (the entry reaching it included) and up to its `reach`-th
-    waiting entry, with every running prefill: the entries grouped by class, and each class's
-    [start, end) in them (one stable sort and grouped cumulative sums for all classes)."""
-    classes = share[lane]
-    order = np.argsort(classes, kind="stable")
-    grouped, group = lane[order], classes[order]
-    is_waiting = waiting[grouped]
-    waiting_work = np.where(is_waiting, work[grouped], 0.0)
-    starts = np.searchsorted(group, group, side="left")
-    cum = np.cumsum(waiting_work)
-    before = cum - waiting_work - (cum[starts] - waiting_work[starts])
-    count = np.cumsum(is_waiting)
-    rank = count - (count[starts] - is_waiting[starts])
-    keep = ~is_waiting | ((before < limit) & (rank <= reach))
-    kept, kept_group = grouped[keep], group[keep]
-    codes, first = np.unique(kept_group, return_index=True)
-    ends = [*first[1:].tolist(), len(kept)]
-    spans = dict(zip(codes.tolist(), zip(first.tolist(), ends, strict=True), strict=True))
-    return kept, spans

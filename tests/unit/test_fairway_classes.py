@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairway.policies import PrefillingRequest, QueuedRequest, get
-from fairway.policies.fairway import FairwayPolicy, tenant_tags
+from fairway.policies.fairway import FairwayPolicy
 from fairway.policies.queue import QueueColumns, Step, StepBudget
+from fairway.policies.shares import tenant_tags
 
 
 def _queue(rng: random.Random, n: int, tenants: int = 1, levels: int = 1) -> list[QueuedRequest]:

@@ -30,7 +30,7 @@ def test_the_fast_lane_passes_over_a_hit_it_cannot_finish_in_the_step() -> None:
     assert order[:2] == ["H", "M"]
     assert ordering.lanes[:2] == [FAST, FAIR]
     # the reference rule agrees
-    ref = get("fairway", fast_weight=1.0).plan([miss, small, big], Step(10.0, None,
+    ref = get("fairway", fast_weight=1.0).decide([miss, small, big], Step(10.0, None,
                                                                           StepBudget(2_048, 8)))
     assert list(ref.order) == list(ordering.order)
 

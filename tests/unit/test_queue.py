@@ -245,7 +245,7 @@ def test_fairway_plan_over_the_scanned_head_equals_the_whole_queue_and_the_refer
     for _ in range(3):  # a few steps: the ledgers carry over
         full = whole.ordering(cols, Step(10.0, None, budget, running))
         got = head.ordering(cols, Step(10.0, scan, budget, running))
-        ref = reference.plan(queue, Step(10.0, None, budget, running))
+        ref = reference.decide(queue, Step(10.0, None, budget, running))
         assert ref.plan == full.plan and list(ref.order) == list(full.order)
         assert ref.lanes == full.lanes
         plan, full_plan = got.plan, full.plan
