@@ -10,7 +10,8 @@ Whole-step medians on a shared machine differ by a few % between identical arms 
 (control)" arm shows it), so the hooks' own time is also measured directly: the mean time per
 step spent in the observer's two hooks, which is where the trace runs.
 
-Run: `python benchmarks/decision_trace_cost.py [--sizes 100 1000] [--json out.json]`.
+Run: `python benchmarks/decision_trace_cost.py [--sizes 100 1000] [--steps 30] [--rounds 4]
+[--running 16] [--json out.json]`.
 """
 
 from __future__ import annotations

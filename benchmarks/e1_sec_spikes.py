@@ -6,7 +6,7 @@ meets.
 Traces `sec-a` and `sec-b` (presets: calm 120 s at 0.5x capacity, burst 90 s at 0.9x, spike 60 s at
 2x, calm 90 s at 0.5x; seeds 1 and 2) replayed on the virtual clock through vLLM's real scheduler
 under every registered policy, KV cache = 0.3 x each trace's reusable content. Targets per phase
-(calm, burst, spike): median <= 1.1 x LPM's, p99 <= 1.1 x FCFS's (`fairway.replay.report`).
+(calm, burst, spike): median <= 1.1 x LPM's, p99 <= 1.1 x FCFS's (`fairway.replay.targets`).
 This is `fairway bench` with its defaults, plus the summary table and a figure. Writes the full
 bench report (report.md/json, plots, one JSON per replay) and e1.md / e1.json / e1.png.
 """
@@ -19,7 +19,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairway.replay import report  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     DEFAULT_TRACES,
     BenchConfig,
@@ -28,13 +27,15 @@ from fairway.replay.bench import (  # noqa: E402
     run_bench,
 )
 from fairway.replay.results import ReplayResult  # noqa: E402
+from fairway.replay.summary import Summary, summarize  # noqa: E402
+from fairway.replay.targets import TARGET_PHASES, six_targets  # noqa: E402
 
 NAME = "e1"
 
 
-def targets_table(summary: report.Summary) -> tuple[str, dict]:
+def targets_table(summary: Summary) -> tuple[str, dict]:
     """Policy x trace: targets met (of 6), which ones failed, and the total."""
-    per_trace = {t: report.six_targets(summary, t)["policies"] for t in summary.traces}
+    per_trace = {t: six_targets(summary, t)["policies"] for t in summary.traces}
     policies = summary.policies[summary.traces[0]]
     lines = [
         "| policy | " + " | ".join(f"{t} met" for t in summary.traces) + " | total | failed |",
@@ -66,13 +67,13 @@ def cached_share(result: ReplayResult) -> float:
     return sum(r.cached_tokens or 0 for r in result.requests) / total if total else 0.0
 
 
-def p99_table(summary: report.Summary, results: list[ReplayResult]) -> str:
+def p99_table(summary: Summary, results: list[ReplayResult]) -> str:
     """Per trace and phase: each policy's median / p99 (s), to see the margins behind pass/fail,
     and the share of prompt tokens its cache served."""
     shares = {(r.trace_name, r.policy): cached_share(r) for r in results}
     lines = []
     for t in summary.traces:
-        phases = [p for p in summary.phases[t] if p in report.TARGET_PHASES]
+        phases = [p for p in summary.phases[t] if p in TARGET_PHASES]
         lines += [
             f"\n**{t}**: median / p99 TTFT (s) per phase; cached: share of prompt tokens "
             "served from the prefix cache\n",
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
     )
     outcome = run_bench(config)
-    summary = report.summarize(outcome.results)
+    summary = summarize(outcome.results)
     table, data = targets_table(summary)
     plot(data, summary.traces, outcome.out_dir / f"{NAME}.png")
     markdown = (

@@ -43,7 +43,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairway.replay import report  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     experiment_parser,
     finish_experiment,
@@ -54,6 +53,7 @@ from fairway.replay.bench import (  # noqa: E402
     trace_info,
 )
 from fairway.replay.results import ReplayResult  # noqa: E402
+from fairway.replay.summary import PERCENTILE_METHOD  # noqa: E402
 from fairway.replay.sweep import ReplayJob  # noqa: E402
 from fairway.traces.format import Trace  # noqa: E402
 
@@ -76,7 +76,7 @@ def whole_content_blocks(trace: Trace, block_size: int = 16) -> int:
 def _stats(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"n": 0, "median_s": None, "p99_s": None, "max_s": None}
-    median, p99 = np.percentile(values, [50, 99], method=report.PERCENTILE_METHOD)
+    median, p99 = np.percentile(values, [50, 99], method=PERCENTILE_METHOD)
     return {
         "n": len(values),
         "median_s": float(median),

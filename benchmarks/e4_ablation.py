@@ -25,7 +25,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairway.replay import report  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     experiment_parser,
     finish_experiment,
@@ -35,6 +34,7 @@ from fairway.replay.bench import (  # noqa: E402
     trace_info,
 )
 from fairway.replay.results import ReplayResult  # noqa: E402
+from fairway.replay.summary import PERCENTILE_METHOD, starvation_check  # noqa: E402
 from fairway.replay.sweep import ReplayJob  # noqa: E402
 
 NAME = "e4"
@@ -48,7 +48,7 @@ FAIR_POLICIES = (BASE, "fairway-nofair")
 def p99(values: list[float]) -> float | None:
     if not values:
         return None
-    return float(np.percentile(values, 99, method=report.PERCENTILE_METHOD))
+    return float(np.percentile(values, 99, method=PERCENTILE_METHOD))
 
 
 def split_p99(result: ReplayResult, median_tokens: float) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def split_p99(result: ReplayResult, median_tokens: float) -> dict[str, Any]:
 
 
 def fair_stats(result: ReplayResult) -> dict[str, Any]:
-    check = report.starvation_check(result.trace_name, result.policy, result.requests)
+    check = starvation_check(result.trace_name, result.policy, result.requests)
     return {
         "p99_s": check.p99_s,
         "max_s": check.max_s,

@@ -10,6 +10,23 @@ presets intend). The replay lists a trace's tenants as the `tenants` option (wei
 runs `--scheduling-policy priority` for a trace with priorities (`fairway.replay.sim.replay`).
 Policies: `fairway`, `vtc`, `dlpm`, `lpm`, `fcfs` (or those given).
 
+The presets (the `tenants` family, `fairway/traces/tenants.py`: classes of traffic, each with its
+own tenant or none, priority, request-rate share or fixed load, hit share, hot contexts, suffix and
+miss lengths; one warm-up request per hot context comes first):
+
+- `tenants` (seed 9, 760 requests, 270 s): tenant `heavy` (90% hits on four 6,000-token contexts,
+  1,200-token new turns, 7,200-token misses) sends 3 x the request rate of tenant `light` (90%
+  misses of 1,000-3,000 tokens) in every phase: 0.6 x capacity in uncached tokens for a minute,
+  1.5 x for 150 s, 0.6 x again; the light tenant is a quarter of the work (0.37 x capacity in the
+  overload), under its equal share, so a fair share in uncached work can protect it;
+- `tenants-mixed` (seed 10, 820 requests, 270 s): `chat` (short, 90% hits, most requests), `rag`
+  (8k-token contexts, 80% hits), `batch` (4k-12k-token misses) and `agent` (16k-24k-token
+  contexts, 95% hits), 1.3 x capacity in the 150 s busy phase;
+- `priority` (seed 11, 593 requests, 240 s): no tenant, two priorities: `interactive` (priority
+  0, 95% hits) at 0.3 x capacity throughout and a `batch` backlog (priority 1, half hits on
+  8k-token contexts, half 8k-token misses) at 2 x capacity for the first 60 s, which queues for
+  minutes; requests are tagged `class`.
+
 Per preset, policy and class (the tenant; for `priority`, the `class` tag, interactive or
 batch), over the requests that are not warm-ups: the count, median and p99 TTFT, the share of
 the prefill tokens vLLM computed, and p99 / alone-p99, where alone-p99 is the class's p99 when
@@ -50,9 +67,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fairway.replay.bench import new_out_dir, write_json  # noqa: E402
-from fairway.replay.report import PERCENTILE_METHOD  # noqa: E402
 from fairway.replay.results import ReplayResult  # noqa: E402
 from fairway.replay.sim import ReplayHooks, StepRecord, replay  # noqa: E402
+from fairway.replay.summary import PERCENTILE_METHOD  # noqa: E402
 from fairway.traces.format import Trace, TraceRequest  # noqa: E402
 from fairway.traces.shipped import preset_trace  # noqa: E402
 

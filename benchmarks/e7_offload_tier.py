@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2_p99_scenarios as e2  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fairway.replay import report  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     experiment_parser,
     finish_experiment,
@@ -42,6 +41,7 @@ from fairway.replay.bench import (  # noqa: E402
     run_experiment,
 )
 from fairway.replay.sim import size_cache  # noqa: E402
+from fairway.replay.summary import ALL, Summary, summarize  # noqa: E402
 from fairway.replay.sweep import ReplayJob  # noqa: E402
 
 NAME = "e7"
@@ -76,9 +76,9 @@ def jobs_of(scenario: e2.Scenario, trace: Any, options: dict[str, Any]) -> list[
     return jobs
 
 
-def compare(summary: report.Summary, name: str) -> dict[str, Any]:
+def compare(summary: Summary, name: str) -> dict[str, Any]:
     """One scenario's row: p99 / median per arm, the best rule and the best baseline."""
-    stats = {p: summary.row(name, p, report.ALL) for p in LABELS}
+    stats = {p: summary.row(name, p, ALL) for p in LABELS}
     p99 = {p: stats[p].p99_s for p in LABELS}
     median = {p: stats[p].median_s for p in LABELS}
     errors = {p: stats[p].n_errors for p in LABELS}
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         traces[scenario.name] = {"num_requests": len(trace.requests)}
         jobs += jobs_of(scenario, trace, options)
     results = run_experiment(jobs, args, out_dir)
-    summary = report.summarize(results)
+    summary = summarize(results)
     rows = {s.name: compare(summary, s.name) for s in scenarios}
     for result in results:
         tier = result.settings.get("kv_offloading")

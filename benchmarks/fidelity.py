@@ -27,6 +27,18 @@ each server write its step log (option `step_log`) and adds a check of the step-
 every live engine step. `--live-from DIR` recomputes the comparison against the live runs an
 earlier run saved (e.g. with another table).
 
+The protocol of docs/results.md ("Fidelity: replay vs a live engine"): the two clients alternate
+run by run on each policy's server, pinned to core 0 (`--client-cpus 0`). Without `--server-cpus`,
+vLLM CPU's automatic OpenMP binding places the model worker on a core by itself and the API server
+and engine core run on either core; `--server-cpus 0 --engine-cpus 1` leaves core 1 to the worker
+alone. The table is measured under the same pinning (`--reprofile --profile-repeats 7`: median of
+7). The servers run `--serve-arg=--dtype=float32`: on a CPU with AVX2 but no AVX-512 (the 2-core
+AMD EPYC VM) vLLM's CPU kernels emulate bfloat16, and T(2,048) was 1.02 s in bfloat16 against
+0.32 s in float32. With `--step-log` the report prices every live step with the replay's
+step-time model; `--fit-live-steps` fits `o + b*tokens + c*attention_pairs` to those steps (as
+`fairway profile --from-step-log` does) and replays the virtual side again with it. Failed
+requests: see `SERVER_ENV` (idle connections) and `fairway.client.KEEPALIVE_S`.
+
 The trace is a SEC preset built against the profile's capacity (`capacity_tps` at the step
 budget), so its loads mean the same stress on the profiled engine as on the GPU the paper's
 traces target. Both sides use the same engine settings: KV blocks (`--num-gpu-blocks-override`
@@ -59,7 +71,6 @@ from fairway.errors import FairwayConfigError  # noqa: E402
 from fairway.profiling.calibration import fit_step_log  # noqa: E402
 from fairway.profiling.table import PrefillProfile  # noqa: E402
 from fairway.profiling.table import load as load_profile  # noqa: E402
-from fairway.replay import report  # noqa: E402
 from fairway.replay import results as results_io  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     environment_info,
@@ -85,8 +96,10 @@ from fairway.replay.fidelity_markdown import (  # noqa: E402
     step_check_table,
     step_shapes_table,
 )
+from fairway.replay.report import to_markdown  # noqa: E402
 from fairway.replay.results import ReplayResult  # noqa: E402
 from fairway.replay.sim import CacheSizing, size_cache  # noqa: E402
+from fairway.replay.summary import summarize  # noqa: E402
 from fairway.traces.format import Trace  # noqa: E402
 
 NAME = "fidelity"
@@ -657,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         table, rows, steps = live_report(args, trace, name, policies, sizing.num_blocks, profile,
                                          runs, virtual, out_dir)
     else:
-        table = report.to_markdown(report.summarize(virtual))
+        table = to_markdown(summarize(virtual))
     env = environment_info()
     header = (
         f"_fidelity: {env['date']}, {env['cpu_count']}-core {env['machine']} CPU "

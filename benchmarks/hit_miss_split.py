@@ -30,7 +30,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairway.replay import report  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     experiment_parser,
     finish_experiment,
@@ -39,7 +38,9 @@ from fairway.replay.bench import (  # noqa: E402
     run_experiment,
     trace_info,
 )
+from fairway.replay.report import hit_miss_table  # noqa: E402
 from fairway.replay.results import ReplayResult  # noqa: E402
+from fairway.replay.summary import HitMissStats, hit_miss_stats, summarize  # noqa: E402
 from fairway.replay.sweep import ReplayJob  # noqa: E402
 from fairway.traces.build import LONG_CONTEXT_BATCHED_TOKENS  # noqa: E402
 
@@ -76,14 +77,14 @@ SPLITS = (
 )
 
 
-def traffic_split(result: ReplayResult) -> report.HitMissStats:
+def traffic_split(result: ReplayResult) -> HitMissStats:
     """The hit / miss split of a replay's traffic: every request but the warm-ups.
 
     A hit-heavy trace's warm-ups compute the hot contexts once at the start; they are misses
     under every order (the four of `hit-heavy-long` take ~76 s) and would be the misses' p99.
     """
     reqs = [r for r in result.requests if r.phase != WARMUP]
-    return report.hit_miss_stats(result.trace_name, result.policy, TRAFFIC, reqs, True)
+    return hit_miss_stats(result.trace_name, result.policy, TRAFFIC, reqs, True)
 
 
 def goals(results: list[ReplayResult], trace_name: str, policies: tuple[str, ...]
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [ReplayJob(split.preset, trace, policy, {},
                            {**options, **split.replay_options()}) for policy in policies]
     results = run_experiment(jobs, args, out_dir)
-    summary = report.summarize(results)
+    summary = summarize(results)
     sections, found = [], {}
     for split in SPLITS:
         name = split.preset
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             f"**{name}**: cache {split.cache_fraction:g} x the reusable content, "
             f"{split.max_num_batched_tokens:,}-token steps, {traces[name]['num_requests']} "
             "requests. TTFT (ms) by cache hit / miss:\n\n"
-            + "\n".join(report.hit_miss_table(summary, name)) + "\n"
+            + "\n".join(hit_miss_table(summary, name)) + "\n"
         )
         if split.long_context:
             found[name] = goals(results, name, policies)

@@ -16,6 +16,10 @@ settings, priced by a table it measures first on the same server up to the trace
 prompt (`--reprofile`). The table: per policy and phase, live
 median / p90 / p99 with their spread over the runs beside the virtual prediction.
 
+Flags: `--runs` (3), `--policy` (repeatable), `--out`, `--serve-arg ARG` (repeatable, for
+`fairway serve`), `--profile PATH` (a table measured earlier on this server; default: measure it
+first), `--num-blocks` (KV blocks of 32 tokens, default 2,048).
+
 Goals: `fairway`'s hits' p90 <= half of FCFS's and LPM's, its misses within 10% of
 FCFS's, and the virtual replay within 15% of live.
 """

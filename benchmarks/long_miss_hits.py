@@ -2,6 +2,7 @@
 the hits' median, per policy.
 
     python benchmarks/long_miss_hits.py [--miss-tokens 32000] [--load 1.3] [--out DIR] [--quick]
+        [--policy NAME ...]
 
 The trace (built here, seeded): one shared 6,144-token document, computed by a warm-up request at
 t = 0; from t = 1 s, hits (the document + 256 unique tokens) arrive as a Poisson stream at `--load`
@@ -24,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e3_flood import whole_content_blocks  # noqa: E402
 
-from fairway.replay import report  # noqa: E402
 from fairway.replay.bench import (  # noqa: E402
     experiment_parser,
     finish_experiment,
@@ -33,6 +33,7 @@ from fairway.replay.bench import (  # noqa: E402
     trace_info,
 )
 from fairway.replay.results import ReplayResult  # noqa: E402
+from fairway.replay.summary import PERCENTILE_METHOD  # noqa: E402
 from fairway.replay.sweep import ReplayJob  # noqa: E402
 from fairway.traces.build import default_capacity_tps  # noqa: E402
 from fairway.traces.format import Trace, TraceHeader, make_request  # noqa: E402
@@ -74,7 +75,7 @@ def measure(result: ReplayResult) -> dict[str, Any]:
     miss = next(r for r in result.requests if r.tags.get("kind") == "miss")
     hits = [r.ttft_s for r in result.requests if r.tags.get("kind") == "hit"
             and r.ttft_s is not None]
-    median, p99 = np.percentile(hits, [50, 99], method=report.PERCENTILE_METHOD)
+    median, p99 = np.percentile(hits, [50, 99], method=PERCENTILE_METHOD)
     return {"miss_ttft_s": miss.ttft_s, "hit_median_s": float(median), "hit_p99_s": float(p99),
             "hits": len(hits), "errors": result.n_errors}
 

@@ -1,14 +1,16 @@
 """CPU cost of one `order()` call per registered policy, against a plain arrival sort.
 
-    python benchmarks/policy_overhead.py [--sizes 100,1000,10000] [--repeats N] [--json PATH]
+    python benchmarks/policy_overhead.py [--sizes 100,1000,10000] [--repeats N] [--seed N]
+        [--json PATH]
 
 For each size it builds a seeded random waiting queue (prompts of 1k-16k tokens, cache hits on a few
 shared prefixes), times `policy.order(queue, now)` for every policy registered by importing
 `fairway.policies` (the plain-Python rule; and `policy.ordering(columns, Step(now))`, the engine
 path the scheduler calls, for the policies that have their own: rows "(columns)"), and prints a
-Markdown table of medians beside `sorted(range(n), key=arrival)` measured in the same run, with
-the ratio to it. Each policy gets one untimed warm-up call first, so stateful policies are timed
-in their steady state (ids already seen), as at every step but the first.
+Markdown table of medians (over `--repeats` runs, default 15) beside `sorted(range(n),
+key=arrival)` measured in the same run, with the ratio to it. Each policy gets one untimed warm-up
+call first, so stateful policies are timed in their steady state (ids already seen), as at every
+step but the first.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ policy's order left to compute; cached tokens unknown count as 0):
   tail request's own tokens excluded). A large share means the order let later work overtake;
   a small one means the request waited behind earlier work (FCFS-like) or for its own long span.
 
-Percentiles are numpy's linear method, as in `fairway.replay.report`. Decode work is not counted
+Percentiles are numpy's linear method, as in `fairway.replay.summary`. Decode work is not counted
 (the replay files hold no decode timings), and a preempted request's recomputation is not seen
 (cached tokens are those at its first scheduling).
 
@@ -55,8 +55,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fairway.replay.bench import new_out_dir, write_json  # noqa: E402
-from fairway.replay.report import PERCENTILE_METHOD  # noqa: E402
 from fairway.replay.results import ReplayResult, ResultError, load, safe_name  # noqa: E402
+from fairway.replay.summary import PERCENTILE_METHOD  # noqa: E402
 
 NAME = "tail"
 #: Scenarios analysed without `--scenario`: those whose name starts with this.

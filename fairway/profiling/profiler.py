@@ -30,6 +30,7 @@ import numpy as np
 
 from fairway import client
 from fairway.errors import FairwayError
+from fairway.machine import cpu_model
 from fairway.profiling.fits import QuadraticFit
 from fairway.profiling.table import PrefillProfile
 
@@ -663,7 +664,7 @@ def detect_local_hardware() -> str | None:
     if gpus:
         names = sorted(set(gpus))
         return ", ".join(f"{gpus.count(n)} x {n}" for n in names)
-    model = _cpu_model()
+    model = cpu_model()
     if model is None:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -683,16 +684,3 @@ def _nvidia_gpus() -> list[str]:
         return []
     return [" (".join(part.strip() for part in line.split(",", 1)) + ")"
             for line in out.splitlines() if line.strip()]
-
-
-def _cpu_model() -> str | None:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
-            return value.strip()
-    return None
-

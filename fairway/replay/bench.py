@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fairway.errors import FairwayConfigError, TraceError
+from fairway.machine import cpu_model
 from fairway.options import (
     FairwayOptions,
     Setting,
@@ -140,7 +141,7 @@ def ordered_policies(names: Sequence[str] | None) -> list[str]:
     return [p for p in POLICY_ORDER if p in known] + [p for p in known if p not in POLICY_ORDER]
 
 
-def policy_options(config: BenchConfig, selected: Sequence[str]) -> dict[str, FairwayOptions]:
+def options_by_policy(config: BenchConfig, selected: Sequence[str]) -> dict[str, FairwayOptions]:
     """Each chosen policy's `FairwayOptions`, built once here from `--policy`/`--policy-arg`.
 
     `FAIRWAY_*` variables configure a server, not a replay: they are ignored here (with a
@@ -191,18 +192,6 @@ def _git_commit() -> str | None:
     return head + ("+dirty" if dirty.strip() else "")
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name (Linux), since `platform.processor()` is often empty there."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def environment_info() -> dict[str, Any]:
     """Machine and versions, recorded in every output JSON."""
     import numpy
@@ -215,7 +204,7 @@ def environment_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "processor": _cpu_model(),
+        "processor": cpu_model() or platform.processor() or None,  # e.g. macOS: no cpuinfo
         "cpu_count": os.cpu_count(),
         "fairway": fairway.__version__,
         "vllm": vllm_version(),
@@ -324,7 +313,7 @@ def run_bench(config: BenchConfig) -> BenchOutcome:
     """Run the traces x policies replays, write results and the report, return them."""
     started = time.perf_counter()
     selected = ordered_policies(config.policies)
-    fairway = policy_options(config, selected)
+    fairway = options_by_policy(config, selected)
     options = replay_options(config)
     traces = load_traces(config.traces, quick=config.quick, cache_dir=config.trace_cache)
     for name, trace in traces:

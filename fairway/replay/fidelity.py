@@ -30,8 +30,8 @@ import numpy as np
 from fairway.profiling.calibration import read_step_log
 from fairway.profiling.step_time import for_profile
 from fairway.profiling.table import PrefillProfile
-from fairway.replay import report
 from fairway.replay.results import ReplayResult
+from fairway.replay.summary import ALL, summarize
 
 #: One client x policy x phase of the comparison, JSON-ready (see `comparison_rows`).
 ComparisonRow = dict[str, Any]
@@ -80,11 +80,11 @@ def comparison_rows(runs: LiveRuns, virtual: Sequence[ReplayResult]) -> list[Com
     runs), `live_<stat>_min_s` and `live_<stat>_max_s`; then each run's median and p99
     (`live_medians_s`, `live_p99s_s`). A cell missing on either side has no row.
     """
-    virtual_summary = report.summarize(list(virtual))
+    virtual_summary = summarize(list(virtual))
     rows = []
     for (client, policy), results in runs.items():
         trace_name = results[0].trace_name
-        per_run = [report.summarize([r]) for r in results]
+        per_run = [summarize([r]) for r in results]
         for phase in virtual_summary.phases[trace_name]:
             v = virtual_summary.row(trace_name, policy, phase)
             cells = [s.row(trace_name, policy, phase) for s in per_run]
@@ -137,7 +137,7 @@ def rankings(rows: Sequence[ComparisonRow]) -> list[Ranking]:
     `JUDGED_STATISTICS`: the policies ranked virtual and live, and how many of the pairs the
     replay separates keep their order live (a tie in the replay predicts no order)."""
     keys = sorted({(r["client"], r["phase"]) for r in rows},
-                  key=lambda k: (k[0], k[1] != report.ALL))
+                  key=lambda k: (k[0], k[1] != ALL))
     found = []
     for client, phase in keys:
         group = [r for r in rows if r["client"] == client and r["phase"] == phase]

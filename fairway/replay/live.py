@@ -28,7 +28,7 @@ from fairway.client import short as _short
 from fairway.errors import FairwayConfigError
 from fairway.replay import results
 from fairway.replay.outcome import SERVER_STOPPED, STOPPED_MESSAGE
-from fairway.replay.results import ReplayResult, RequestResult
+from fairway.replay.results import ReplayResult, RequestResult, default_trace_name
 from fairway.replay.server import (
     HEALTH_INTERVAL_S,
     HealthWatch,
@@ -267,12 +267,6 @@ class _Replay:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-def default_trace_name(trace: Trace) -> str:
-    """`<preset or family>-seed<seed>`: the header fields that identify a built trace."""
-    header = trace.header
-    return f"{header.preset or header.family}-seed{header.seed}"
-
-
 def _check_args(trace: Trace, time_scale: float, timeout_s: float, vocab_size: int,
                 max_concurrency: int | None) -> None:
     """Refuse bad arguments before anything is sent (a TraceError for a too small vocab_size)."""
@@ -410,5 +404,5 @@ def run_live(trace: Trace, url: str, model: str | None = None, **kwargs: Any) ->
 
 __all__: Sequence[str] = [
     "DEFAULT_TIMEOUT_S", "DEFAULT_VOCAB_SIZE", "INTERRUPTED", "LiveReplayError", "base_url",
-    "default_trace_name", "fetch_model", "replay_live", "run_live",
+    "fetch_model", "replay_live", "run_live",
 ]

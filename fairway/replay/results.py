@@ -13,9 +13,12 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fairway.errors import FairwayError
+
+if TYPE_CHECKING:
+    from fairway.traces.format import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +238,16 @@ def load(path: str | Path) -> ReplayResult:
         return ReplayResult.from_dict(data)
     except ResultError as exc:
         raise ResultError(f"{path}: {exc}") from exc
+
+
+def default_trace_name(trace: Trace) -> str:
+    """`<preset or family>-seed<seed>`: the header fields that identify a built trace.
+
+    A result's `trace_name` when the caller gives none, the same for the virtual and the live
+    replay, so their results of one trace are reported together.
+    """
+    header = trace.header
+    return f"{header.preset or header.family}-seed{header.seed}"
 
 
 def file_name(result: ReplayResult) -> str:

@@ -36,7 +36,7 @@ from fairway.profiling.table import DEFAULT_PROFILE, PrefillProfile, default_pro
 from fairway.profiling.table import load as load_profile
 from fairway.replay import offload_sim
 from fairway.replay.offload_sim import TierTransfers
-from fairway.replay.results import ReplayResult, RequestResult
+from fairway.replay.results import ReplayResult, RequestResult, default_trace_name
 from fairway.traces.stats import trace_stats
 
 if TYPE_CHECKING:
@@ -298,12 +298,6 @@ def vllm_version() -> str:
     return "unknown"
 
 
-def default_trace_name(trace: Trace) -> str:
-    """`<preset or family>-seed<seed>` (the same as the live replay's)."""
-    header = trace.header
-    return f"{header.preset or header.family}-seed{header.seed}"
-
-
 def resolve_profile(profile: PrefillProfile | str | None) -> PrefillProfile:
     """A table object from an object, a path or a shipped name; None: the shipped default."""
     if profile is None:
@@ -313,7 +307,7 @@ def resolve_profile(profile: PrefillProfile | str | None) -> PrefillProfile:
     return load_profile(profile)
 
 
-def policy_options(
+def scheduler_options(
     policy: str | FairwayOptions,
     profile: PrefillProfile | str,
     policy_params: Mapping[str, Any] | None,
@@ -430,7 +424,7 @@ def replay(
     # A name or path travels as such (short start-up log line); the policy loads the same table.
     ref = DEFAULT_PROFILE if profile is None else profile
     ref = ref if isinstance(ref, PrefillProfile) else str(ref)
-    options = policy_options(policy, ref, policy_params, fairway_options)
+    options = scheduler_options(policy, ref, policy_params, fairway_options)
     if "tenants" not in options.sources:
         options = trace_tenants(trace, options)
     policy = options.policy

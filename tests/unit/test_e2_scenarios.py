@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import e2_p99_scenarios as e2  # noqa: E402
 
-from fairway.replay import report  # noqa: E402
+from fairway.replay.summary import ALL, STARVATION_FACTOR, PhaseStats, Starvation, Summary  # noqa: E402
 
 ARGS = SimpleNamespace(quick=False, trace_cache=None)
 TRACE = "t"
@@ -58,15 +58,15 @@ def test_build_scales_the_capacity_unless_the_preset_takes_the_load(
 
 
 def summary(stats: dict[str, tuple[float, float, float]],
-            errors: dict[str, int] | None = None) -> report.Summary:
+            errors: dict[str, int] | None = None) -> Summary:
     """A summary of one trace: per policy (median, p99, max) TTFT in seconds, and errors."""
-    rows = [report.PhaseStats(TRACE, p, report.ALL, 100, (errors or {}).get(p, 0), m, m, p99,
+    rows = [PhaseStats(TRACE, p, ALL, 100, (errors or {}).get(p, 0), m, m, p99,
                               worst)
             for p, (m, p99, worst) in stats.items()]
-    starvation = [report.Starvation(TRACE, p, worst, p99,
-                                    worst > report.STARVATION_FACTOR * p99)
+    starvation = [Starvation(TRACE, p, worst, p99,
+                                    worst > STARVATION_FACTOR * p99)
                   for p, (_, p99, worst) in stats.items()]
-    return report.Summary([TRACE], {TRACE: list(stats)}, {TRACE: [report.ALL]}, rows, starvation)
+    return Summary([TRACE], {TRACE: list(stats)}, {TRACE: [ALL]}, rows, starvation)
 
 
 def stats(**overrides: tuple[float, float, float]) -> dict[str, tuple[float, float, float]]:

@@ -26,7 +26,6 @@ from fairway.replay.live import (
     INTERRUPTED,
     LiveReplayError,
     base_url,
-    default_trace_name,
     replay_live,
     run_live,
 )
@@ -126,7 +125,7 @@ def test_ttft_measured_to_the_first_chunk(stub: Stub) -> None:
     assert sent["temperature"] == 0 and sent["max_tokens"] == OK
     trace = make_trace((0.0, OK))
     assert sent["prompt"] == trace.requests[0].token_ids(result.settings["vocab_size"])
-    assert result.trace_name == default_trace_name(trace) == "test-seed7"
+    assert result.trace_name == results.default_trace_name(trace) == "test-seed7"
     assert result.simulated_s is None and result.settings["interrupted"] is False
 
 

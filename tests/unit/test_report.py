@@ -8,15 +8,10 @@ from collections.abc import Sequence
 import pytest
 
 from fairway.replay import results
-from fairway.replay.report import (
-    ALL,
-    six_targets,
-    summarize,
-    to_markdown,
-    ttft_stats,
-    write_report,
-)
+from fairway.replay.report import to_markdown, write_report
 from fairway.replay.results import ReplayResult, RequestResult, ResultError
+from fairway.replay.summary import ALL, summarize, ttft_stats
+from fairway.replay.targets import six_targets
 
 PHASE_START_S = {"calm": 0.0, "burst": 10.0, "spike": 20.0}
 
