@@ -12,6 +12,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from fairway.errors import FairwayConfigError
@@ -81,6 +82,16 @@ class Policy(ABC):
                 step, running prefills included; given to policies with `plans_steps` only.
         """
 
+    @property
+    def remembered(self) -> Mapping[str, Any]:
+        """What the policy keeps across steps, by request id (read-only; tests read it to check
+        that memory is bounded by the queue: ids that left it are forgotten at the next call).
+        A stateful policy says what in `_memory`; default: nothing."""
+        return MappingProxyType(self._memory())
+
+    def _memory(self) -> Mapping[str, Any]:
+        return {}
+
     def fast_scores(self, queue: Sequence[QueuedRequest], now: float) -> list[float] | None:
         """The Fast-lane score of each request, for the decision trace; None: the policy has
         no such score."""
@@ -106,7 +117,8 @@ def _plain(value: Any) -> Any:
 
 
 def arrival_order(queue: Sequence[QueuedRequest]) -> list[int]:
-    """Indices by (arrival, position): the FCFS order, with ties kept in queue order."""
+    """Indices by (arrival, position): the FCFS order, with ties kept in queue order (also
+    the Fair lane of `fairway-step`)."""
     return sorted(range(len(queue)), key=lambda i: queue[i].arrival)
 
 
@@ -189,5 +201,3 @@ def get(name: str, **params: Any) -> Policy:
     policy.name = name
     return policy
 
-
-make_policy = get

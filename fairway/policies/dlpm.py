@@ -186,12 +186,9 @@ class DLPMPolicy(Policy):
         """Tenant code -> its deficit after the last booked step (absent: 0)."""
         return MappingProxyType(self._deficits)
 
-    @property
-    def remembered(self) -> Mapping[str, int]:
-        """What the policy keeps of the last ordering, by request id: its row there.
-
-        Only the last call's rows: memory is bounded by the queue."""
-        return MappingProxyType(self._index)
+    def _memory(self) -> Mapping[str, int]:
+        """Each id's row in the last ordering (only the last call's rows)."""
+        return self._index
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         """Return the round robin's placement sequence; see the class docstring."""

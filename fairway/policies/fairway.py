@@ -233,7 +233,7 @@ class FairwayPolicy(FastLanePolicy):
 
 
     def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
-        """`plan()` over the scheduler's columns: only the rows either lane can place this step
+        """`decide()` over the scheduler's columns: only the rows either lane can place this step
         (the scan's head plus one per running prefill, more for the Fast lane when it passes over
         requests that do not fit the step) are found and read in Python. A queue of several
         tenants or priority levels takes `_classed_ordering`."""
@@ -291,7 +291,7 @@ class FairwayPolicy(FastLanePolicy):
         """The lanes with vLLM's priority levels outermost and, when tenants compete, the
         tenants' shares inside each level (docs/design.md, "Priority levels and tenants").
 
-        Both lanes are sorted as in `plan()` with the priority level as their first key (lower
+        Both lanes are sorted as in `decide()` with the priority level as their first key (lower
         first): the merge places a level only once every request of the levels above it is
         placed, so vLLM's strict order between levels holds, running prefills included. With
         one tenant per level that is all (`_decide`'s merge, charges and grants, unchanged);

@@ -19,12 +19,11 @@ from typing import Literal
 
 import numpy as np
 
-from fairway.policies.base import register_policy
+from fairway.policies.base import arrival_order, register_policy
 from fairway.policies.lanes import (
     FAST,
     FastLanePolicy,
     fair_lane_head,
-    fair_lane_order,
     fast_lane_head,
     fast_lane_order,
     merge,
@@ -98,7 +97,7 @@ class FairwayStepPolicy(FastLanePolicy):
         if not self.fair_lane:
             return fast, [FAST] * len(fast)
         work = [r.remaining for r in queue]
-        placed, lanes, _ = merge(fast, fair_lane_order(queue), work, self.fast_weight)
+        placed, lanes, _ = merge(fast, arrival_order(queue), work, self.fast_weight)
         return placed, lanes
 
     def wait_unit_s(self, prompt_tokens: int) -> float:

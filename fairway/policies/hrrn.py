@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import ClassVar
 
 from fairway.policies.base import Policy, register_policy
@@ -46,12 +45,9 @@ class HRRNPolicy(Policy):
     prefill_tokens_total: int = field(default=0, init=False, repr=False)
     _seen: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
-    @property
-    def remembered(self) -> Mapping[str, int]:
-        """What the policy keeps across steps, by request id: T when each waiting id was first seen.
-
-        Ids that left the queue are forgotten at the next call: memory is bounded by the queue."""
-        return MappingProxyType(self._seen)
+    def _memory(self) -> Mapping[str, int]:
+        """T when each waiting id was first seen."""
+        return self._seen
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         """Return indices by (−(T − T_seen) / c, arrival)."""

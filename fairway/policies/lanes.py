@@ -112,11 +112,6 @@ def fast_lane_order(scores: Sequence[float], queue: Sequence[QueuedRequest]) -> 
     return sorted(range(len(queue)), key=lambda i: (-scores[i], queue[i].arrival))
 
 
-def fair_lane_order(queue: Sequence[QueuedRequest]) -> list[int]:
-    """The Fair lane: positions by arrival, then queue position."""
-    return sorted(range(len(queue)), key=lambda i: queue[i].arrival)
-
-
 def merge(
     fast: Sequence[int],
     fair: Sequence[int],

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
@@ -74,12 +73,9 @@ class LPMPolicy(Policy):
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"max_queue_for_sort must be None or an integer >= 1, got {cap!r}")
 
-    @property
-    def remembered(self) -> Mapping[str, int]:
-        """What the policy keeps across steps, by request id: its position in the last order.
-
-        Ids that left the queue are forgotten at the next call: memory is bounded by the queue."""
-        return MappingProxyType(self._rank)
+    def _memory(self) -> Mapping[str, int]:
+        """Each waiting id's position in the last order."""
+        return self._rank
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         """Return indices by (−cached_tokens, previous order); see the class docstring."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import ClassVar
 
 from fairway.policies.base import Policy, register_policy
@@ -78,12 +77,9 @@ class PreblePolicy(Policy):
             return 0
         return -(-cls.NUM_GROUPS * h // length) - 1  # ceil(10·h/L) − 1, exactly
 
-    @property
-    def remembered(self) -> Mapping[str, int]:
-        """What the policy keeps across steps, by request id: the group each waiting id was given.
-
-        Ids that left the queue are forgotten at the next call: memory is bounded by the queue."""
-        return MappingProxyType(self._group)
+    def _memory(self) -> Mapping[str, int]:
+        """The group each waiting id was given."""
+        return self._group
 
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:
         """Return G's quota, then the other groups in rotation order, then G's overflow."""

@@ -138,21 +138,16 @@ class VTCPolicy(Policy):
         is at or below it)."""
         return MappingProxyType(self._counters)
 
-    @property
-    def remembered(self) -> Mapping[str, tuple[int, int]]:
-        """What the policy keeps of the last ordering, by request id: (tenant, prompt tokens).
-
-        Only the last call's rows: memory is bounded by the queue."""
+    def _memory(self) -> Mapping[str, tuple[int, int]]:
+        """(tenant, prompt tokens) of each id of the last ordering (only the last call's rows)."""
         last = self._last
         if last is None:
-            return MappingProxyType({})
+            return {}
         rows = np.arange(len(last.order), dtype=np.intp)
-        return MappingProxyType(
-            {
-                rid: (int(last.tenant[row]), int(last.tokens[row]))
-                for rid, row in zip(last.ids_of(rows), rows.tolist(), strict=True)
-            }
-        )
+        return {
+            rid: (int(last.tenant[row]), int(last.tokens[row]))
+            for rid, row in zip(last.ids_of(rows), rows.tolist(), strict=True)
+        }
 
     # --- the rule in plain Python -----------------------------------------------------------
 

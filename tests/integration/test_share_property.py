@@ -37,7 +37,8 @@ from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
 from fairway.policies import UNPLACED_LANE, get
-from fairway.policies.lanes import fair_lane_order, fast_lane_order, merge
+from fairway.policies.base import arrival_order
+from fairway.policies.lanes import fast_lane_order, merge
 
 pytestmark = pytest.mark.integration
 
@@ -244,7 +245,7 @@ def _check_seed_order(record) -> None:
     placed = [i for i, lane in zip(order, lanes, strict=True) if lane != UNPLACED_LANE]
     step = get("fairway-step", fast_weight=WEIGHT)
     fast = fast_lane_order(step.fast_scores(views, record["now"]), views)
-    per_step, _, _ = merge(fast, fair_lane_order(views), [v.remaining for v in views], WEIGHT,
+    per_step, _, _ = merge(fast, arrival_order(views), [v.remaining for v in views], WEIGHT,
                        step_tokens=record["share"].budget, fit=True)
     assert placed == per_step[: len(placed)]
 
@@ -252,7 +253,7 @@ def _check_seed_order(record) -> None:
 @pytest.mark.parametrize("setting", [SHORT, LONG], ids=["256-step", "8k-step-128k-prompts"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @settings(
-    max_examples=int(os.environ.get("FAIRWAY_SHARE_EXAMPLES", "25")),
+    max_examples=int(os.environ.get("TEST_FAIRWAY_SHARE_EXAMPLES", "25")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

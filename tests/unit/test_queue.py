@@ -223,7 +223,7 @@ def test_fairway_plan_over_the_scanned_head_equals_the_whole_queue_and_the_refer
     """With `Step.head` (never below the free slots, as `probe.scan_bound`), `fairway` merges
     only the lanes' known prefixes: the first `head` positions of the order and their lanes, the
     cap, the held prefills and the running order are the whole queue's, and the other rows follow
-    in row order; the whole queue's plan is the plain-Python reference's (`FairwayPolicy.plan`);
+    in row order; the whole queue's plan is the plain-Python rule's (`FairwayPolicy.decide`);
     over a few steps, as the ledgers carry over."""
     from fairway.policies import UNPLACED_LANE, PrefillingRequest
 
