@@ -260,25 +260,22 @@ class FairwayPolicy(FastLanePolicy):
         fair = sorted(range(-1, -m - 1, -1), key=lambda k: (running[-k - 1].arrival, -k))
         fair += fair_rows
         queue_work = float(queue.remaining.sum())
+        run_work = {-(j + 1): r.remaining for j, r in enumerate(running)}
+        run_done = {-(j + 1): r.prompt_tokens - r.remaining for j, r in enumerate(running)}
         while True:
             fast_rows = fast_lane_head(scores, queue.arrival, reach) if n else np.zeros(0, np.intp)
             rows = np.concatenate([fast_rows, np.asarray(fair_rows, dtype=np.intp)])
-            work: dict[int, int] = {}
-            done: dict[int, int] = {}
-            for row, amount, length in zip(
-                rows.tolist(), queue.remaining[rows].tolist(), queue.prompt_tokens[rows].tolist(),
-                strict=True,
-            ):
-                work[row] = int(amount)
-                done[row] = int(length) - int(amount)
-            for j, r in enumerate(running):
-                work[-(j + 1)] = r.remaining
-                done[-(j + 1)] = r.prompt_tokens - r.remaining
-            fast = _with_running(
-                fast_rows.tolist(),
-                [(-s, r.arrival) for s, r in zip(run_scores, running, strict=True)],
-                lambda row: (-scores.item(row), queue.arrival.item(row)),
-            )
+            amounts = queue.remaining[rows].astype(np.int64)
+            row_list = rows.tolist()
+            # speed: `ordering` alone, 1,000 waiting of 8k-16k tokens, 3 running prefills, 8-row
+            # scan: 0.49 -> 0.46 ms per call with the merge's loop below (maps and the running
+            # prefills' places in the Fast lane by numpy, not per row; thread time, 15 x 100)
+            work = dict(zip(row_list, amounts.tolist(), strict=True))
+            done = dict(zip(row_list, (queue.prompt_tokens[rows] - amounts).tolist(),
+                            strict=True))
+            work.update(run_work)
+            done.update(run_done)
+            fast = _with_running(fast_rows, scores, queue.arrival, run_scores, running)
             decided = self._decide(fast, fair, work, done, queue_work, n, step, queue.ids_of,
                                    fast_whole=len(fast_rows) >= n)
             if decided is not None:
@@ -794,21 +791,31 @@ def grants(
 
 
 def _with_running(
-    rows: list[int],
-    running_keys: list[tuple[float, ...]],
-    key_of: Callable[[int], tuple[float, ...]],
+    fast_rows: np.ndarray,
+    scores: np.ndarray,
+    arrival: np.ndarray,
+    run_scores: list[float],
+    running: list[QueuedRequest],
 ) -> list[int]:
-    """A lane over waiting `rows` (already in the lane's order) and the running prefills (keys
-    -(j + 1), sorted by `running_keys`, before a waiting row with an equal key)."""
-    if not running_keys:
+    """The Fast lane over waiting `fast_rows` (already in the lane's order: score descending,
+    then older) and the running prefills (keys -(j + 1), by the same keys, before a waiting row
+    with an equal key, then by j)."""
+    rows: list[int] = fast_rows.tolist()
+    if not running:
         return rows
-    running = sorted(range(len(running_keys)), key=lambda j: (running_keys[j], j))
+    neg = -scores[fast_rows]
+    arr = arrival[fast_rows]
+    keyed = sorted(((-s, r.arrival, j) for j, (s, r) in enumerate(zip(run_scores, running,
+                                                                       strict=True))))
     out: list[int] = []
-    i = 0
-    for j in running:
-        while i < len(rows) and key_of(rows[i]) < running_keys[j]:
-            out.append(rows[i])
-            i += 1
+    start = 0
+    for key_score, key_arrival, j in keyed:
+        # the waiting rows whose key is below the running prefill's come before it
+        ahead = int(np.count_nonzero((neg < key_score) | ((neg == key_score)
+                                                          & (arr < key_arrival))))
+        if ahead > start:
+            out.extend(rows[start:ahead])
+            start = ahead
         out.append(-(j + 1))
-    out.extend(rows[i:])
+    out.extend(rows[start:])
     return out

@@ -10,6 +10,7 @@ lane without sorting the whole queue (what the engine calls every step over 1,00
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -162,44 +163,46 @@ def merge(
     front = fair[0]
     long_front = step_tokens is not None and float(work[front]) >= weight * step_tokens
     passed = set() if skipped is None else skipped
+    gone_fast = placed | passed  # what the Fast lane skips: placed or passed over
+    check_fit = fit and step_tokens is not None
+    tokens = float(step_tokens) if step_tokens is not None else 0.0
     placed_work = 0.0
+    waiting = 0
+    # speed: lookups hoisted out of the loop (one set of what the Fast lane skips, counters kept,
+    # no len() per turn): part of `fairway.ordering`'s 0.49 -> 0.46 ms (see there)
 
     def run(fast_keys: Sequence[int], fair_keys: Sequence[int], waiting_limit: int | None) -> None:
-        nonlocal placed_work
+        nonlocal placed_work, waiting
+        n_fast, n_fair = len(fast_keys), len(fair_keys)
+        limit = sys.maxsize if waiting_limit is None else waiting_limit
         fast_pos = fair_pos = 0
-        waiting = sum(1 for k in keys if k >= 0)
-        while waiting_limit is None or waiting < waiting_limit:
-            while fast_pos < len(fast_keys) and (
-                fast_keys[fast_pos] in placed or fast_keys[fast_pos] in passed
-            ):
+        while waiting < limit:
+            while fast_pos < n_fast and fast_keys[fast_pos] in gone_fast:
                 fast_pos += 1
-            while fair_pos < len(fair_keys) and fair_keys[fair_pos] in placed:
+            while fair_pos < n_fair and fair_keys[fair_pos] in placed:
                 fair_pos += 1
-            if fair_pos == len(fair_keys) or (fast_pos == len(fast_keys) and not passed):
+            if fair_pos == n_fair or (fast_pos == n_fast and not passed):
                 return
-            fast_turn = fast_pos < len(fast_keys) and ledger[0] <= ledger[1]
-            if (
-                fast_turn
-                and fit
-                and step_tokens is not None
-                and placed_work < step_tokens
-                and float(work[fast_keys[fast_pos]]) > step_tokens - placed_work
-            ):  # the Fast lane would start what it cannot finish in the step: pass it over
-                passed.add(fast_keys[fast_pos])
-                continue
-            if fast_turn:
+            if fast_pos < n_fast and ledger[0] <= ledger[1]:
                 key = fast_keys[fast_pos]
-                ledger[0] += weight * float(work[key])
+                amount = float(work[key])
+                if check_fit and placed_work < tokens and amount > tokens - placed_work:
+                    passed.add(key)  # the Fast lane would start what it cannot finish: pass it
+                    gone_fast.add(key)
+                    continue
+                ledger[0] += weight * amount
                 lanes.append(FAST)
                 charged.append(FAIR if key == front and long_front else FAST)
             else:
                 key = fair_keys[fair_pos]
-                ledger[1] += float(work[key])
+                amount = float(work[key])
+                ledger[1] += amount
                 lanes.append(FAIR)
                 charged.append(FAIR)
             placed.add(key)
+            gone_fast.add(key)
             keys.append(key)
-            placed_work += float(work[key])
+            placed_work += amount
             waiting += key >= 0
 
     if slots is None:
