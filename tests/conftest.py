@@ -37,15 +37,15 @@ _SOURCE_DIR, _SOURCE_HOW = _caller_source_dir()
 def hermetic_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """HOME is an empty directory, FAIRWAY_DATA an empty data directory, other FAIRWAY_* unset.
 
-    Session-wide (and so in place before any module fixture); ``FAIRWAY_E2E_*`` test settings
-    are kept. Yields the empty data directory.
+    Session-wide (and so in place before any module fixture); the test settings
+    (``TEST_FAIRWAY_*``, not ``FAIRWAY_*``) are kept. Yields the empty data directory.
     """
     root = tmp_path_factory.mktemp("hermetic")
     (root / "home").mkdir()
     (root / "no-data").mkdir()
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
-            if key.startswith("FAIRWAY_") and not key.startswith("FAIRWAY_E2E_"):
+            if key.startswith("FAIRWAY_"):
                 mp.delenv(key)
         mp.delenv("XDG_CACHE_HOME", raising=False)  # the user cache lives under HOME
         mp.setenv("HOME", str(root / "home"))

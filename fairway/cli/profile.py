@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fairway.cli.argtypes import positive_int
 from fairway.errors import FairwayError, ProfileError
 from fairway.profiling.profiler import (
     DEFAULT_REPEATS,
@@ -56,15 +57,15 @@ def register(subparsers: Any) -> None:
                        help="measure nothing: fit the step-time model o + b*tokens + "
                        "c*attention_pairs to step logs a Fairway server wrote under load "
                        "(serving option step_log; repeatable) and write it as the table")
-    p.add_argument("--chunk-tokens", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--chunk-tokens", type=positive_int, default=None, metavar="N",
                    help="with --from-step-log: the server's step token budget "
                    "(--max-num-batched-tokens)")
-    p.add_argument("--max-model-len", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
                    help="with --from-step-log: the longest prompt of the table")
     p.add_argument("--lengths", type=_lengths, default=None, metavar="N,N,...",
                    help="prompt lengths in tokens (default: 128, 256, ... doubling up to the "
                    "server's max model length, which is measured too)")
-    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS,
+    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
                    help=f"measured requests per length; the median is kept "
                    f"(default {DEFAULT_REPEATS})")
     p.add_argument("--warmup", type=_non_negative_int, default=DEFAULT_WARMUP_ROUNDS,
@@ -86,14 +87,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model-name", default=None, metavar="TEXT",
                    help="how the table names the model (default: the served model name)")
     p.add_argument("--note", default=None, metavar="TEXT", help="a note for the metadata")
-    p.add_argument("--kv-bytes-per-token", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--kv-bytes-per-token", type=positive_int, default=None, metavar="N",
                    help="the model's KV cache bytes per token, for the offload tier's load cost "
                    "(default: from the model's config.json; needed with --url when the served "
                    "model's config cannot be found). The copy rates are measured on this "
                    "machine's GPU; without CUDA no load cost is written")
     p.add_argument("--served-model", default=None, metavar="NAME",
                    help="model name to request (default: the first listed by /v1/models)")
-    p.add_argument("--vocab-size", type=_positive_int, default=DEFAULT_VOCAB_SIZE,
+    p.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE,
                    help="token ids are drawn below this; must not exceed the model's "
                    f"vocabulary (default {DEFAULT_VOCAB_SIZE})")
     p.add_argument("--no-stream", action="store_true",
@@ -120,13 +121,6 @@ def _lengths(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"lengths must be positive integers, got {text!r}")
     return values
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _non_negative_int(text: str) -> int:

@@ -12,6 +12,8 @@ import math
 import sys
 from typing import Any
 
+from fairway.cli.argtypes import positive_int
+
 _BENCH_HELP = (
     "Replay traces under scheduling policies through vLLM's real scheduler on a virtual clock "
     "(no GPU, no model): per policy and phase TTFT median/p90/p99/max, the six targets and "
@@ -48,13 +50,13 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--num-blocks", type=int, default=None,
                        help="KV cache size in blocks of 16 tokens (overrides --cache-fraction; "
                        "must hold each trace's largest request)")
-    bench.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+    bench.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                        metavar="N",
                        help="the engine's token budget per step (chunked prefill), as vLLM's "
                        "flag of that name (default 2048, sim.DEFAULT_BATCHED_TOKENS, vLLM's on "
                        "a GPU server; long-context servers run larger budgets: 8192 for the "
                        "-long presets)")
-    bench.add_argument("--max-num-seqs", type=_positive_int, default=None, metavar="N",
+    bench.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
                        help="the engine's limit on running requests, as vLLM's flag of that "
                        "name (default 256, sim.DEFAULT_MAX_NUM_SEQS)")
     bench.add_argument("--kv-offloading-size", type=_positive_float, default=None,
@@ -120,7 +122,7 @@ def register(subparsers: Any) -> None:
 
 
 def _policy_params_help() -> str:
-    from fairway.options import policy_params_help
+    from fairway.options.help import policy_params_help
 
     return policy_params_help()
 
@@ -129,17 +131,6 @@ def _default_min_success() -> float:
     from fairway.replay.outcome import DEFAULT_MIN_SUCCESS
 
     return DEFAULT_MIN_SUCCESS
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (vLLM's own rules between limits are vLLM's to check)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def _positive_float(text: str) -> float:

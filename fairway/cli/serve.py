@@ -75,7 +75,7 @@ def register(subparsers: Any) -> None:
 
 
 def _options_help() -> str:
-    from fairway.options import policy_params_help, serving_options_help
+    from fairway.options.help import policy_params_help, serving_options_help
 
     return f"{serving_options_help()}\n\n{policy_params_help()}"
 

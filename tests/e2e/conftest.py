@@ -21,7 +21,7 @@ import pytest
 from fairway import supervisor
 
 #: Seconds to wait for /health (vLLM's CPU start-up takes ~40-60 s here; slower on a busy box).
-STARTUP_TIMEOUT_S = float(os.environ.get("FAIRWAY_E2E_STARTUP_TIMEOUT_S", "240"))
+STARTUP_TIMEOUT_S = float(os.environ.get("TEST_FAIRWAY_E2E_STARTUP_TIMEOUT_S", "240"))
 #: Lines of the server log quoted in a failure message.
 LOG_TAIL_LINES = 60
 

@@ -21,7 +21,7 @@ from fairway.traces.format import Trace, TraceHeader, make_request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STARTUP_TIMEOUT_S = float(os.environ.get("FAIRWAY_E2E_STARTUP_TIMEOUT_S", "240"))
+STARTUP_TIMEOUT_S = float(os.environ.get("TEST_FAIRWAY_E2E_STARTUP_TIMEOUT_S", "240"))
 TENANTS = '["heavy", "light"]'
 #: (request id, arrival s, tenant, priority, prompt tokens)
 REQUESTS = [("heavy-0", 0.0, "heavy", 0, 600), ("light-0", 0.0, "light", 0, 300),

@@ -134,7 +134,7 @@ def _check(sched) -> int:
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @settings(
-    max_examples=int(os.environ.get("FAIRWAY_SHARE_EXAMPLES", "25")),
+    max_examples=int(os.environ.get("TEST_FAIRWAY_SHARE_EXAMPLES", "25")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
