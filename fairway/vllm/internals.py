@@ -1,12 +1,20 @@
 """Every private vLLM name Fairway reads or writes, behind one function each.
 
-vLLM's scheduler, request, KV-cache and output objects are not a public API: their fields move
-between releases. Fairway touches them only through the functions here (and, in the per-request
-inner loops of `prefix_memo` and `queue_slots`, through a few `Request` fields read inline, where
-a call per request would be the cost the overhead goal bounds). Each access is tagged
-`# vLLM internal: <name>`; `check_internals()` and `check_step_plan_internals()` test the names when
-a Fairway scheduler starts, and `tests/integration/test_compat_names.py` tests them against a new
-vLLM before the pin moves.
+vLLM's scheduler, KV-cache and connector objects are not a public API: their fields move between
+releases. Fairway touches them only through the functions here. Each access of a name vLLM does not
+offer publicly is tagged `# vLLM internal: <name>` (a name, or the behaviour relied on); FAIRWAY.md
+("Upgrading vLLM") lists them, grouped, with what to check on an upgrade. Not tagged: what vLLM
+0.32 declares on its interfaces, i.e. `SchedulerInterface`'s methods (`get_kv_connector`,
+`get_request_counts`, `update_draft_token_ids`, ...), the fields of the objects they and the KV
+connector API take or return (`Request.request_id` / `arrival_time` / `priority` /
+`sampling_params` / `num_tokens` / `num_prompt_tokens` / `num_computed_tokens` / `status` /
+`block_hashes` / `kv_transfer_params`, `SchedulerOutput` with its `NewRequestData` /
+`CachedRequestData`, `EngineCoreOutputs.outputs`), the configuration's fields, and the KV cache
+manager's and block pool's methods (`prefix_cache_lookup_enabled`, `get_num_free_blocks`); the
+per-request loops of `prefix_memo`, `queue_slots` and `probe` read those `Request` fields inline.
+`check_internals()` and `check_step_plan_internals()` test the tagged names when a Fairway
+scheduler starts, and `tests/integration/test_compat_names.py` tests them against a new vLLM before
+the pin moves.
 
 Imports vLLM only inside the few functions that need its classes, so that modules which only read
 vLLM objects (`calibrate`, `observe`) stay importable without it.
@@ -78,8 +86,7 @@ def vllm_config(scheduler: Any) -> VllmConfig:
 def request_tenant(request: Request) -> object:
     """The tenant a request names in `vllm_xargs` (`SamplingParams.extra_args["tenant"]`), or
     None (no sampling parameters, no extra arguments, no tenant)."""
-    # vLLM internal: Request.sampling_params / SamplingParams.extra_args (the public field
-    # `vllm_xargs` of the OpenAI requests fills it)
+    # `vllm_xargs` of an OpenAI request fills `SamplingParams.extra_args`
     params = request.sampling_params
     extra = getattr(params, "extra_args", None) if params is not None else None
     return extra.get(TENANT_KEY) if isinstance(extra, dict) else None
@@ -87,7 +94,7 @@ def request_tenant(request: Request) -> object:
 
 def request_priority(request: Request) -> int:
     """vLLM's priority of a request (lower first)."""
-    return int(request.priority)  # vLLM internal: Request.priority
+    return int(request.priority)
 
 
 def priority_scheduling(scheduler: Scheduler) -> bool:
@@ -113,7 +120,6 @@ def use_fcfs_waiting_queue(scheduler: Scheduler) -> bool:
 
 def request_fields(request: Request) -> tuple[str, float, int]:
     """(request_id, arrival_time, num_tokens = prompt + output so far)."""
-    # vLLM internal: Request.request_id / arrival_time / num_tokens
     return request.request_id, request.arrival_time, request.num_tokens
 
 
@@ -124,12 +130,13 @@ def free_slots(scheduler: Scheduler) -> int:
     `max_num_active_reqs` (0.32; `max_num_running_reqs`, the slot count, elsewhere). Preemption in
     the step only sends requests back to the queue and also stops admission.
     """
-    # vLLM internal: Scheduler.running / max_num_active_reqs / num_waiting_for_streaming_input
+    # vLLM internal: Scheduler.max_num_active_reqs / num_waiting_for_streaming_input
     limit = getattr(scheduler, "max_num_active_reqs", None)
     if not isinstance(limit, int):
         limit = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
     paused = getattr(scheduler, "num_waiting_for_streaming_input", 0)
-    return max(0, limit - len(scheduler.running) - (paused if isinstance(paused, int) else 0))
+    running = scheduler.get_request_counts()[0]  # len(running)
+    return max(0, limit - running - (paused if isinstance(paused, int) else 0))
 
 
 def can_admit(scheduler: Scheduler) -> bool:
@@ -147,23 +154,22 @@ def scan_bound(scheduler: Scheduler, free: int | None = None) -> int | None:
     so with either configured the bound is None (order the whole queue). `free`: `free_slots`,
     if the caller has it.
     """
-    # vLLM internal: Scheduler.lora_config / connector (absent: assume they may skip)
+    # vLLM internal: Scheduler.lora_config (absent: assume the LoRA limit may skip)
     if getattr(scheduler, "lora_config", True) is not None:
         return None
-    if getattr(scheduler, "connector", True) is not None:
+    if scheduler.get_kv_connector() is not None:
         return None
     return (free_slots(scheduler) if free is None else free) + deferred_count(scheduler)
 
 
 def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
     """Tokens scheduled per request id in one step."""
-    return output.num_scheduled_tokens  # vLLM internal: SchedulerOutput.num_scheduled_tokens
+    return output.num_scheduled_tokens
 
 
 def started_ids(output: SchedulerOutput) -> Iterable[str]:
     """Ids of the requests a step took from the waiting queue: new ones and resumed ones (every
     scheduled request when the output lacks those fields), without the running ones' decodes."""
-    # vLLM internal: SchedulerOutput.scheduled_new_reqs / CachedRequestData.resumed_req_ids
     resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None)
     if resumed is None:
         return output.num_scheduled_tokens.keys()
@@ -177,7 +183,6 @@ def new_requests(scheduler: Any, output: SchedulerOutput) -> list[tuple[str, Req
     """(id, request, cached tokens at admission) of each new request of a step that the scheduler
     still holds; the count is vLLM's `num_computed_tokens` of the new-request data."""
     requests = scheduler.requests  # vLLM internal: Scheduler.requests
-    # vLLM internal: SchedulerOutput.scheduled_new_reqs / NewRequestData.num_computed_tokens
     return [
         (data.req_id, requests[data.req_id], data.num_computed_tokens)
         for data in output.scheduled_new_reqs
@@ -187,7 +192,6 @@ def new_requests(scheduler: Any, output: SchedulerOutput) -> list[tuple[str, Req
 
 def resumed_ids(output: SchedulerOutput) -> Iterable[str]:
     """Ids of the preempted requests a step resumed (none when the output lacks the field)."""
-    # vLLM internal: CachedRequestData.resumed_req_ids
     return getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
 
 
@@ -199,7 +203,7 @@ def reported_ids(result: Any, limit: int) -> list[str] | None:
         return None
     ids: list[str] = []
     for outputs in result.values():
-        items = getattr(outputs, "outputs", None)  # vLLM internal: EngineCoreOutputs.outputs
+        items = getattr(outputs, "outputs", None)
         if not isinstance(items, list) or len(ids) + len(items) > limit:
             return None
         ids += [item.request_id for item in items]
@@ -212,12 +216,12 @@ def step_chunks(scheduler_output: Any) -> list[tuple[int, int]]:
     `num_computed_tokens` in the output is the value before this step: vLLM builds the request
     data before it advances the counters (`_update_after_schedule`).
     """
-    scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens  # vLLM internal
+    scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
     chunks = [
-        (scheduled.get(req.req_id, 0), req.num_computed_tokens)  # vLLM internal: NewRequestData
+        (scheduled.get(req.req_id, 0), req.num_computed_tokens)
         for req in scheduler_output.scheduled_new_reqs
     ]
-    cached = scheduler_output.scheduled_cached_reqs  # vLLM internal: CachedRequestData
+    cached = scheduler_output.scheduled_cached_reqs
     chunks += [
         (scheduled.get(req_id, 0), computed)
         for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=False)
@@ -236,7 +240,7 @@ def prefill_tokens(scheduler: Scheduler, output: SchedulerOutput) -> int:
     total = 0
     for req_id, n in output.num_scheduled_tokens.items():
         request = requests.get(req_id)
-        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
+        # vLLM internal: schedule() advances Request.num_computed_tokens before it returns
         if request is not None and request.num_computed_tokens - n < request.num_prompt_tokens:
             total += n
     return total
@@ -254,7 +258,7 @@ def scheduled_spans(
     spans = {}
     for request_id, n in scheduled.items():
         request = requests[request_id]
-        # vLLM internal: Request.num_computed_tokens / num_prompt_tokens
+        # vLLM internal: schedule() advances Request.num_computed_tokens before it returns
         end = request.num_computed_tokens
         spans[request_id] = (end - n, end, request.num_prompt_tokens)
     return spans
@@ -272,12 +276,38 @@ def report_request_error(scheduler: Scheduler, request_id: str) -> bool:
     `update_from_output`, via the id sets it drains there (0.32; the same set exists in the
     upstream versions around it); `grammar_compile_error_reqs` is the one that needs no other
     state. Returns False (nothing done) if the set is missing: the request then only stays last.
+
+    vLLM's error output carries no text (`stop_reason` None); `explain_errors` adds the reason.
     """
-    errors = getattr(scheduler, "grammar_compile_error_reqs", None)  # vLLM internal
+    # vLLM internal: Scheduler.grammar_compile_error_reqs
+    errors = getattr(scheduler, "grammar_compile_error_reqs", None)
     if not isinstance(errors, set):
         return False
     errors.add(request_id)
     return True
+
+
+def explain_errors(result: Any, reasons: dict[str, str]) -> None:
+    """Put `reasons[request_id]` in the `stop_reason` of that request's error output in
+    `update_from_output`'s result (client index -> `EngineCoreOutputs`); each reason given is
+    removed from `reasons`.
+
+    vLLM has no field for an error's text on a generation request (0.32): the error output
+    `update_from_output` builds for a `report_request_error` request carries `finish_reason`
+    ERROR and nothing else. Its output processor copies `stop_reason` into the client's
+    `CompletionOutput.stop_reason` (what `LLM.generate` / `AsyncLLM.generate` return); vLLM's
+    OpenAI server answers every "error" finish with HTTP 500 "Internal server error" anyway.
+    """
+    from vllm.v1.engine import FinishReason
+
+    if not isinstance(result, dict):
+        return
+    for outputs in result.values():
+        for item in outputs.outputs:
+            if item.finish_reason == FinishReason.ERROR and item.request_id in reasons:
+                # vLLM internal: EngineCoreOutput.stop_reason of an error output (vLLM leaves
+                # it None; the output processor forwards it to CompletionOutput.stop_reason)
+                item.stop_reason = reasons.pop(item.request_id)
 
 
 # --- the running list and the step's knobs (the step plan) --------------------------------------
@@ -290,7 +320,8 @@ def running_requests(scheduler: Scheduler) -> list[Request]:
 
 def chunked_prefill(scheduler: Scheduler) -> bool:
     """The share needs chunked prefill (a capped request continues in the next step)."""
-    return bool(scheduler.scheduler_config.enable_chunked_prefill)  # vLLM internal
+    # vLLM internal: Scheduler.scheduler_config / SchedulerConfig.enable_chunked_prefill
+    return bool(scheduler.scheduler_config.enable_chunked_prefill)
 
 
 def token_budget(scheduler: Scheduler) -> int:
@@ -307,10 +338,19 @@ def prefill_cap(scheduler: Scheduler) -> tuple[int, bool]:
     return config.long_prefill_token_threshold, scheduler.adaptive_long_prefill_threshold
 
 
+def decode_tokens_per_step(scheduler: Scheduler) -> int:
+    """The most tokens one running decode takes in a step: its sampled token plus the draft
+    tokens of speculative decoding (`--speculative-config`'s `num_speculative_tokens`, 0
+    without it; vLLM's `Scheduler.num_spec_tokens` is a copy of it)."""
+    return 1 + int(vllm_config(scheduler).num_speculative_tokens)
+
+
 def set_prefill_cap(scheduler: Scheduler, threshold: int, adaptive: bool) -> None:
     """Set what `prefill_cap` reads."""
-    scheduler.scheduler_config.long_prefill_token_threshold = threshold  # vLLM internal
-    scheduler.adaptive_long_prefill_threshold = adaptive  # vLLM internal
+    # vLLM internal: SchedulerConfig.long_prefill_token_threshold (re-read by every schedule())
+    scheduler.scheduler_config.long_prefill_token_threshold = threshold
+    # vLLM internal: Scheduler.adaptive_long_prefill_threshold
+    scheduler.adaptive_long_prefill_threshold = adaptive
 
 
 def active_limit(scheduler: Scheduler) -> int:
@@ -338,8 +378,8 @@ def running_prefills(
     decode_tokens = 0
     view = PrefillingRequest
     for request in scheduler.running:  # vLLM internal: Scheduler.running
-        # vLLM internal: Request.num_tokens / num_computed_tokens / is_prefill_chunk (as
-        # `_in_prefill`, inlined: this runs for every running request every step)
+        # vLLM internal: Request.is_prefill_chunk (as `_in_prefill`, inlined: this runs for
+        # every running request every step)
         num_tokens, computed = request.num_tokens, request.num_computed_tokens
         if request.is_prefill_chunk and num_tokens > computed:
             classes = classify(request) if classify is not None else (0, 0)
@@ -361,7 +401,7 @@ def has_running_prefill(scheduler: Scheduler) -> bool:
 
 def _in_prefill(request: Request) -> bool:
     """A running request whose prompt is not computed yet (a chunked prefill in progress)."""
-    # vLLM internal: Request.is_prefill_chunk / num_computed_tokens / num_tokens
+    # vLLM internal: Request.is_prefill_chunk
     return request.is_prefill_chunk and request.num_tokens > request.num_computed_tokens
 
 
@@ -369,11 +409,11 @@ def prefill_by_request(scheduler: Scheduler, output: SchedulerOutput) -> dict[st
     """Prompt tokens scheduled per request in `output` (read right after `schedule()`)."""
     requests: Mapping[str, Request] = scheduler.requests  # vLLM internal: Scheduler.requests
     result: dict[str, int] = {}
-    for request_id, n in output.num_scheduled_tokens.items():  # vLLM internal
+    for request_id, n in output.num_scheduled_tokens.items():
         request = requests.get(request_id)
         if request is None:
             continue
-        # vLLM internal: Request.num_computed_tokens (already advanced by n) / num_prompt_tokens
+        # vLLM internal: schedule() advances Request.num_computed_tokens before it returns
         start = request.num_computed_tokens - n
         prompt = max(request.num_prompt_tokens, request.num_tokens - 1)
         if start < prompt:
@@ -396,7 +436,8 @@ def pool_of(manager: KVCacheManager) -> BlockPool:
 
 def block_size_of(manager: KVCacheManager) -> int:
     """Tokens per block of the (first) KV-cache group."""
-    managers = manager.coordinator.single_type_managers  # vLLM internal
+    # vLLM internal: KVCacheCoordinator.single_type_managers
+    managers = manager.coordinator.single_type_managers
     return int(managers[0].block_size) if managers else 1
 
 
@@ -417,7 +458,6 @@ def free_block_queue(scheduler: Scheduler) -> FreeKVCacheBlockQueue:
 
 def prefix_cache_lookup_enabled(manager: KVCacheManager, request: Request) -> bool:
     """False where vLLM skips the prefix lookup for a request (prompt logprobs, pooling)."""
-    # vLLM internal: KVCacheManager.prefix_cache_lookup_enabled
     return bool(manager.prefix_cache_lookup_enabled(request))
 
 
@@ -429,7 +469,8 @@ def longest_cache_hit(
     Read-only at the coordinator level (no ref counts, stats or free-queue moves); it walks the
     hashes from the start.
     """
-    result = coordinator.find_longest_cache_hit(  # vLLM internal
+    # vLLM internal: KVCacheCoordinator.find_longest_cache_hit
+    result = coordinator.find_longest_cache_hit(
         block_hashes, max_length
     )
     return result[0], int(result[1])
@@ -437,7 +478,7 @@ def longest_cache_hit(
 
 def block_hash_map(pool: BlockPool) -> Any:
     """The pool's block-hash map; vLLM replaces the object on `reset_prefix_cache()`."""
-    return pool.cached_block_hash_to_block  # vLLM internal: BlockPool hash map
+    return pool.cached_block_hash_to_block  # vLLM internal: BlockPool.cached_block_hash_to_block
 
 
 def hash_map_dict(hash_map: Any) -> dict[bytes, Any] | None:
@@ -454,7 +495,8 @@ def hash_map_getter(hash_map: Any) -> Any:
 
 def one_block(entry: Any) -> KVCacheBlock | None:
     """A block from a hash-map entry (a block, or several duplicates in a dict)."""
-    if entry is None or not isinstance(entry, dict):  # vLLM internal: the entry's union type
+    # vLLM internal: BlockHashToBlockMap entries (a block, or a dict of duplicate blocks)
+    if entry is None or not isinstance(entry, dict):
         return entry
     return next(iter(entry.values()), None)
 
@@ -464,7 +506,7 @@ def group_key_suffix(group_id: int = 0) -> bytes:
     (`make_block_hash_with_group_id`, 0.32: the group id in 4 big-endian bytes)."""
     from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 
-    # vLLM internal: the key's encoding
+    # vLLM internal: make_block_hash_with_group_id (the hash-map key's encoding)
     return make_block_hash_with_group_id(BlockHash(b""), group_id)
 
 
@@ -488,7 +530,7 @@ def supports_incremental(coordinator: KVCacheCoordinator, pool: BlockPool) -> bo
     return (
         type(manager) is FullAttentionManager
         and not _eagle_groups(coordinator)  # EAGLE drops the last hit block
-        and pool.hash_block_size == manager.block_size  # vLLM internal: hash_block_size
+        and pool.hash_block_size == manager.block_size  # vLLM internal: BlockPool.hash_block_size
         and getattr(coordinator, "dcp_world_size", 1) == 1
         and getattr(coordinator, "pcp_world_size", 1) == 1
         and keys_are_suffixed()
@@ -546,7 +588,6 @@ INTERNAL_NAMES: tuple[str, ...] = (
     "Scheduler.grammar_compile_error_reqs",
     "KVCacheManager.coordinator",
     "KVCacheManager.block_pool",
-    "KVCacheManager.prefix_cache_lookup_enabled",
     "KVCacheCoordinator.find_longest_cache_hit",
     "KVCacheCoordinator.single_type_managers",
     "BlockPool.cached_block_hash_to_block",
@@ -573,7 +614,6 @@ STEP_PLAN_INTERNAL_NAMES: tuple[str, ...] = (
     "SchedulerConfig.long_prefill_token_threshold",
     "SchedulerConfig.enable_chunked_prefill",
     "Request.is_prefill_chunk",
-    "Request.num_computed_tokens",
     "Request.num_tokens_with_spec",
     "Request.num_output_placeholders",
 )
@@ -601,6 +641,7 @@ def check_internals(scheduler: Scheduler) -> list[str]:
         obj = objects.get(owner)
         if obj is None or not hasattr(obj, attr):
             missing.append(name)
+    # public fields, checked too: the probe reads them on every waiting request
     for attr in ("request_id", "arrival_time", "num_tokens", "block_hashes", "status"):
         if attr not in _request_attrs():
             missing.append(f"Request.{attr}")
@@ -640,7 +681,7 @@ def _request_attrs() -> set[str]:
 
 def kv_connector(scheduler: Scheduler) -> Any:
     """The scheduler-side KV connector, or None (no `--kv-transfer-config` / offloading)."""
-    return getattr(scheduler, "connector", None)  # vLLM internal: Scheduler.connector
+    return scheduler.get_kv_connector()
 
 
 def offloading_scheduler(connector: Any) -> Any:
@@ -651,7 +692,8 @@ def offloading_scheduler(connector: Any) -> Any:
     """
     if type(connector).__name__ != "OffloadingConnector":
         return None
-    return getattr(connector, "connector_scheduler", None)  # vLLM internal: .connector_scheduler
+    # vLLM internal: OffloadingConnector.connector_scheduler
+    return getattr(connector, "connector_scheduler", None)
 
 
 def offload_group(tier_scheduler: Any) -> tuple[int, int, int]:
@@ -702,7 +744,8 @@ def offload_busy_requests(tier_scheduler: Any) -> set[str]:
 
 def offload_chunks_being_loaded(tier_scheduler: Any) -> set[bytes] | None:
     """Offload keys with a load in flight (a request needing one is deferred); None: untracked."""
-    return tier_scheduler._chunks_being_loaded  # vLLM internal: ._chunks_being_loaded
+    # vLLM internal: OffloadingConnectorScheduler._chunks_being_loaded
+    return tier_scheduler._chunks_being_loaded
 
 
 def offload_key_suffix(group_idx: int) -> bytes:
@@ -724,7 +767,8 @@ def offload_jobs(tier_scheduler: Any) -> Mapping[int, Any]:
 
 def offload_job_counter(tier_scheduler: Any) -> int:
     """The id the connector gives its next job (ids are consecutive)."""
-    return int(tier_scheduler._job_counter)  # vLLM internal: ._job_counter
+    # vLLM internal: OffloadingConnectorScheduler._job_counter
+    return int(tier_scheduler._job_counter)
 
 
 def offload_job_keys(job: Any) -> tuple[bool, Collection[bytes]]:
@@ -745,4 +789,5 @@ def offload_used_chunks(manager: Any) -> int | None:
 
 def offload_generation(manager: Any) -> int:
     """Changes when the tier is reset (vLLM's CPU manager; 0 for others)."""
-    return int(getattr(manager, "_cache_generation", 0))  # vLLM internal: ._cache_generation
+    # vLLM internal: CPUOffloadingManager._cache_generation
+    return int(getattr(manager, "_cache_generation", 0))

@@ -466,7 +466,7 @@ class TenantMetrics:
         self._ttft.get(tenant, self._ttft[OTHER_LABEL]).observe(max(seconds, 0.0))
 
 
-_request_id = attrgetter("request_id")  # vLLM internal: Request.request_id
+_request_id = attrgetter("request_id")
 
 
 class TenantLabels:
@@ -488,7 +488,7 @@ class TenantLabels:
 
     def of(self, request: Any) -> str:
         """The label of `request` (vLLM's `Request`, by its `request_id`)."""
-        request_id = request.request_id  # vLLM internal: Request.request_id
+        request_id = request.request_id
         label = self.cache.get(request_id)
         if label is None:
             label = self.cache[request_id] = self._label_of(self._tenant_of(request))
@@ -507,7 +507,7 @@ class TenantLabels:
                 counts[label] += n
         if missing:
             for request in requests:
-                if request.request_id not in cache:  # vLLM internal: Request.request_id
+                if request.request_id not in cache:
                     counts[self.of(request)] += 1
         return counts
 

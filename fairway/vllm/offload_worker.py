@@ -77,7 +77,7 @@ def check_tier_blocks(scheduler: Any, blocks: int) -> None:
 def step_metadata(scheduler_output: Any) -> Any:
     """The connector's plan for a step (`OffloadingConnectorMetadata`: `load_jobs`,
     `store_jobs`, `jobs_to_flush`), as `schedule()` attached it to its output."""
-    return scheduler_output.kv_connector_metadata  # vLLM internal: SchedulerOutput field
+    return scheduler_output.kv_connector_metadata
 
 
 def spec_blocks(spec: Any) -> int:

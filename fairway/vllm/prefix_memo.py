@@ -23,8 +23,8 @@ connector's `evict_blocks()` after a failed KV load may drop interior blocks; th
 overstates the hit until the last block goes too. Ordering is then slightly off; admission stays
 exact, because vLLM does its own lookup at admission.)
 
-vLLM's objects are read through `fairway.vllm.internals`, except `Request.block_hashes`, read
-inline (tagged) in the loops over changed hits.
+vLLM's objects are read through `fairway.vllm.internals`, except `Request.block_hashes` (a public
+field: vLLM's KV connectors read it too), read inline in the loops over changed hits.
 """
 
 from __future__ import annotations
@@ -222,7 +222,6 @@ class PrefixMemo:
         """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
         if not self.caching or not internals.prefix_cache_lookup_enabled(self._manager, request):
             return 0
-        # vLLM internal: Request.block_hashes / num_tokens
         return internals.longest_cache_hit(
             self._coordinator, request.block_hashes, request.num_tokens - 1
         )[1]
@@ -235,10 +234,10 @@ class PrefixMemo:
         request = hit.request
         if not self.incremental:
             groups = internals.longest_cache_hit(
-                self._coordinator, request.block_hashes, hit.num_tokens - 1  # vLLM internal
+                self._coordinator, request.block_hashes, hit.num_tokens - 1
             )[0]
             return list(groups[0]) if len(groups) == 1 else [b for g in groups for b in g]
-        hashes = request.block_hashes  # vLLM internal: Request.block_hashes
+        hashes = request.block_hashes
         blocks = []
         for i in range(hit.blocks):
             block = internals.one_block(self._cache_get(hashes[i] + GROUP0_SUFFIX))
@@ -273,7 +272,7 @@ class PrefixMemo:
         first block (`hints`: shared system prompts and documents); a few hash-map reads when
         the guess is close, instead of a binary search over the whole prompt (~log2(blocks))."""
         self.num_full_lookups += 1
-        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        hashes = hit.request.block_hashes
         if not self.incremental:
             tokens = internals.longest_cache_hit(self._coordinator, hashes, hit.num_tokens - 1)[1]
             self._set(hit, tokens // self.block_size, tokens)
@@ -311,7 +310,7 @@ class PrefixMemo:
         galloping up from there (`cached_prefix_near`): O(log g) hash-map reads for a growth of
         g blocks (a re-cached 8k-token prefix is 512 blocks)."""
         self.num_extensions += 1
-        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        hashes = hit.request.block_hashes
         cache = self._cache
         assert cache is not None
         limit = min(hit.max_blocks, len(hashes))
@@ -332,11 +331,11 @@ class PrefixMemo:
             return
         cache = self._cache
         assert cache is not None
-        shared = first.request.block_hashes  # vLLM internal: Request.block_hashes
+        shared = first.request.block_hashes
         end = first.blocks
         stopped = end < min(first.max_blocks, len(shared))  # at a block that is not cached
         for hit in others:
-            hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+            hashes = hit.request.block_hashes
             limit = min(hit.max_blocks, len(hashes))
             if end > limit or hashes[end - 1] != shared[end - 1]:
                 self._extend(hit)  # the chains part before the first's end
@@ -354,7 +353,7 @@ class PrefixMemo:
             self.cached[hit.slot] = blocks * self.block_size if tokens is None else tokens
         if not self.incremental:
             return
-        hashes = hit.request.block_hashes  # vLLM internal: Request.block_hashes
+        hashes = hit.request.block_hashes
         last_key = hashes[blocks - 1] + GROUP0_SUFFIX if blocks else None
         can_grow = blocks < min(hit.max_blocks, len(hashes))
         next_key = hashes[blocks] + GROUP0_SUFFIX if can_grow else None

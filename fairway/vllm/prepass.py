@@ -110,6 +110,8 @@ class StepPrepass:
         self.stats = FairwayStats()
         self.totals = FairwayStats()
         self.rejected: set[str] = set()
+        #: Request id -> why `reject` finished it, until its error output carries it.
+        self.error_reasons: dict[str, str] = {}
         self.failed_types: set[type] = set()
         self.last = LastOrder()
         self.ran = False
@@ -308,10 +310,26 @@ class StepPrepass:
             return
         self.rejected.add(request_id)
         self.stats.oversized_rejected += 1
-        protect.log_oversized(
-            request_id, num_tokens, self.probe.block_size, internals.usable_blocks(self.scheduler)
-        )
-        internals.report_request_error(self.scheduler, request_id)
+        block_size, usable = self.probe.block_size, internals.usable_blocks(self.scheduler)
+        protect.log_oversized(request_id, num_tokens, block_size, usable)
+        if internals.report_request_error(self.scheduler, request_id):
+            self.error_reasons[request_id] = (
+                f"Fairway: the request needs {protect.blocks_needed(num_tokens, block_size)} KV "
+                f"blocks ({num_tokens} tokens, block size {block_size}) but the KV cache has only "
+                f"{usable} usable blocks, so it can never be scheduled. Send a shorter prompt, "
+                "or raise the server's KV cache size."
+            )
+
+    def explain_errors(self, result: object) -> None:
+        """Give the error outputs of requests `reject` finished their reason (`stop_reason`,
+        see `internals.explain_errors`). Never raises."""
+        if not self.error_reasons:
+            return
+        try:
+            internals.explain_errors(result, self.error_reasons)
+        except Exception as exc:  # noqa: BLE001
+            self.error_reasons.clear()
+            self.fallback(exc, "explaining a rejected request's error", "its error has no text")
 
     def protect_blocks(self, queue: list[Request]) -> None:
         """Soft eviction protection of the first K requests' cached blocks. Never raises."""
@@ -368,7 +386,7 @@ class StepPrepass:
                 admitted = self.admitted(output, placed)
             elif not self.ran:
                 stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
-            admitted_ids = [r.request_id for r in admitted]  # vLLM internal: Request.request_id
+            admitted_ids = [r.request_id for r in admitted]
             if self.step_plan is not None:
                 by_request = self.book_plan(output, admitted_ids)
             elif placed is not None:
@@ -402,7 +420,7 @@ class StepPrepass:
         placed_counts = self.stats.placed
         admitted_lanes = placed.admitted_lanes
         for k, request in enumerate(placed.queue[:limit]):
-            if request.request_id not in scheduled:  # vLLM internal: Request.request_id
+            if request.request_id not in scheduled:
                 continue
             admitted.append(request)
             ordered_pos = k - placed.num_fixed
@@ -415,9 +433,11 @@ class StepPrepass:
 
     def trim(self) -> None:
         """Forget rejected ids of requests that are gone (the probe drops its own entries)."""
+        requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
+        if self.error_reasons:  # aborted before vLLM finished it: no error output comes
+            self.error_reasons = {r: why for r, why in self.error_reasons.items() if r in requests}
         if len(self.rejected) <= 64:
             return
-        requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
         self.rejected = {rid for rid in self.rejected if rid in requests}
 
 

@@ -149,7 +149,6 @@ class PrefixProbe:
     def note_arrival(self, request: Request) -> None:
         """Register a request as vLLM appends it to the queue (a step that cannot admit still
         probes it; the next `snapshot` expects it at the end of the queue)."""
-        # vLLM internal: Request.status
         if request not in self.slots.slot_of and request.status == RequestStatus.WAITING:
             self.slots.note_arrival(request, self._register(request))
 
@@ -193,8 +192,8 @@ class PrefixProbe:
 
     def _register(self, request: Request) -> int:
         """A slot and a memo for a request seen for the first time in this stint."""
-        num_tokens = request.num_tokens  # vLLM internal: Request.num_tokens
-        arrival = request.arrival_time  # vLLM internal: Request.arrival_time
+        num_tokens = request.num_tokens
+        arrival = request.arrival_time
         slot = self.slots.add(request, arrival, num_tokens)
         if len(self.memo.hits) < self.slots.capacity:
             self.memo.resize(self.slots.capacity)

@@ -44,11 +44,11 @@ def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any
     `current[positions[i]]`, or at `current[i]` when no request was set apart."""
     if isinstance(rows, slice):
         picked = current if positions is None else [current[i] for i in positions.tolist()]
-        return [r.request_id for r in picked[rows]]  # vLLM internal: Request.request_id
+        return [r.request_id for r in picked[rows]]
     index = np.asarray(rows, dtype=np.intp)
     if positions is not None:
         index = positions[index]
-    return [current[i].request_id for i in index.tolist()]  # vLLM internal: Request.request_id
+    return [current[i].request_id for i in index.tolist()]
 
 
 def _equal_tail(
@@ -145,7 +145,6 @@ class QueueSlots:
             self._kind[slot] = _OVERSIZED
             self.num_special += 1
             return slot
-        # vLLM internal: Request.status / RequestStatus.PREEMPTED
         preempted = self.keep_preempted_first and request.status == RequestStatus.PREEMPTED
         self._kind[slot] = _FIXED if preempted else _ORDERED
         self.num_special += preempted

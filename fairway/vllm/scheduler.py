@@ -237,10 +237,13 @@ class FairwaySchedulerMixin(_SchedulerBase):
     def update_from_output(
         self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
     ) -> Any:
-        """vLLM's unchanged; then tells self-calibration and the observer (if on) it is in."""
+        """vLLM's unchanged, except that the error output of a request Fairway finished because
+        it can never fit says why (its `stop_reason`); then tells self-calibration and the
+        observer (if on) it is in."""
         if self.fairway_calibration is not None:
             self._calibrate("on_update", scheduler_output)
         result = super().update_from_output(scheduler_output, *args, **kwargs)
+        self.fairway_prepass.explain_errors(result)  # never raises
         if self.fairway_observer is not None:  # never raises
             self.fairway_observer.after_update(result)
         return result

@@ -6,7 +6,8 @@ the start of every step; vLLM forces it to 0 when only one request exists) and b
 A plan is applied with exactly those knobs, for the duration of one `schedule()` call:
 
 * the cap: the threshold is set to the plan's cap (and vLLM's adaptive floor,
-  `long_prefill_token_threshold_adaptive`, is suspended: it would raise the cap);
+  `long_prefill_token_threshold_adaptive`, is suspended: it would raise the cap), never below
+  1 + `num_speculative_tokens` (the threshold caps decodes too: a lower one would cut drafts);
 * the running order: the prefills named in `running_order` are served in that order, in the
   list positions that prefilling requests hold (decodes keep theirs);
 * hold-back: the running prefills in `hold` leave the list for the step (and the request-slot
@@ -99,7 +100,13 @@ def apply(scheduler: Scheduler, plan: StepPlan) -> PlanUndo:
     if reorder or plan.hold:  # the list's own order, to put back
         undo.running = list(running)
     try:
-        internals.set_prefill_cap(scheduler, plan.cap, False)
+        # Never below one decode's tokens: vLLM caps every running request at the threshold,
+        # decodes too, and a decode with speculative drafts schedules 1 + num_speculative_tokens
+        # (`num_tokens_with_spec`), so a lower cap would cut its drafts; vLLM also asserts that a
+        # waiting request it pads to 1 + k draft rows keeps all of them after the threshold.
+        # Without speculative decoding the floor is 1, which no plan's cap is below.
+        cap = max(plan.cap, internals.decode_tokens_per_step(scheduler))
+        internals.set_prefill_cap(scheduler, cap, False)
         if reorder:
             undo.reordered = _reorder_running(running, plan.running_order)
         if plan.hold:

@@ -242,7 +242,6 @@ class TierProbe:
 
     def _run_tokens(self, request: Request, gpu_hit: int, end: int) -> int:
         """Tokens the connector loads for a run ending at chunk `end` (0 below one chunk)."""
-        # vLLM internal: Request.num_tokens
         tokens = min(request.num_tokens, end * self.chunk_tokens) - gpu_hit
         return tokens if tokens >= self.chunk_tokens else 0
 
@@ -258,7 +257,7 @@ class TierProbe:
         checked and, if both are held, the scan jumps to b. `limit`: the chunk the run may not
         reach (the request's `max_load_tokens`).
         """
-        # vLLM internal: Request.block_hashes / skip_reading_prefix_cache
+        # vLLM internal: Request.skip_reading_prefix_cache
         if getattr(request, "skip_reading_prefix_cache", False):
             return start, False
         hashes = request.block_hashes
@@ -301,7 +300,7 @@ class TierProbe:
     def _end_keys(self, request: Request, start: int, end: int) -> tuple[bytes, ...]:
         """The keys whose change can change the slot's run: its first and last chunk and the
         chunk after it."""
-        hashes = request.block_hashes  # vLLM internal: Request.block_hashes
+        hashes = request.block_hashes
         stop = len(hashes) // self._per
         keys = []
         if start < stop:
@@ -332,7 +331,8 @@ class TierProbe:
 def _load_limit(request: Request, gpu_hit: int, chunk_tokens: int) -> int | None:
     """The chunk a load may not reach under the request's `max_load_tokens` (vLLM's
     experimental `kv_transfer_params` field, read as the connector reads it); None: no cap."""
-    params = request.kv_transfer_params  # vLLM internal: Request.kv_transfer_params
+    # vLLM internal: the offloading connector's "max_load_tokens" kv_transfer_params key
+    params = request.kv_transfer_params
     raw = params.get("max_load_tokens") if params else None
     if type(raw) is not int or raw < 0:
         return None
