@@ -1,8 +1,9 @@
 """Time Fairway adds to vLLM's `schedule()`: FairwayScheduler vs vLLM's own Scheduler, same run.
 
 Per queue size N, every arm (vLLM's `Scheduler`, then Fairway with each policy) is measured in
-three situations, all with a warm prefix cache of G shared 8,192-token prefixes and N waiting
-requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-8,192 tokens):
+four situations, all with a warm prefix cache of G (`--prefixes`, 40) shared 8,192-token prefixes
+and N waiting requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of
+0-8,192 tokens):
 
   * "full" steps: every running slot is busy decoding, so no step can admit anything (the
     pre-pass may skip the ordering) -- the same Request objects serve every arm, arms take turns
@@ -12,9 +13,19 @@ requests of 8k-16k tokens (one of the cached prefixes + an uncached suffix of 0-
     chunks is a "busy" sample; after every step as many new requests arrive as were admitted, so
     the queue stays at N (each arm has its own copies, as admission mutates a request); the
     arms' nodes also take turns in `--rounds` blocks of steps;
+  * "prefilling" steps: a busy prefill node, the same kind of node with 64 request slots
+    (`PREFILLING_SLOTS`) and requests of 16-8,192 uncached tokens after their prefix
+    (`PREFILLING_UNCACHED`); every step admits a few, as many arrive, and chunked prefills are
+    always running, so the policy plans every step (the ordering is never skipped); every step
+    is a sample;
   * "burst": N requests arrive at once on an idle prefill node (a fresh scheduler each time,
     `--bursts` times): their `add_request` calls plus the next step; every request is new to
     Fairway's prefix probe.
+
+By default 120 measured steps per arm and kind (`--steps`; "admit" and "busy" together), in 4
+turns (`--rounds`), with 16 running slots (`--running`; 256, vLLM's default `max_num_seqs` on
+GPUs, lets the ordered head hold up to 256 requests). An arm `POLICY+tenants` spreads the
+requests over `--tenants` tenants and lists them in the `tenants` option.
 
 Timing is the CPU time of this thread (`time.thread_time`, so that a shared machine's
 descheduling is not charged to an arm) of `schedule()`, `update_from_output()` (with a fake
@@ -25,20 +36,24 @@ the rest:
 
   * "Fairway's own" = the step's time minus vLLM's part in the same step: everything Fairway
     runs (the `add_request` hook, the pre-pass, the token share, the after-step bookkeeping, the
-    queue metrics after `update_from_output`), and nothing else. This is the cost the goals
-    (`GOALS_MS`) bound (0 for vLLM's own arm, up to the counter's own cost);
-  * "added" = the arm's median minus vLLM's median of the same kind and size. It also holds the
-    difference in vLLM's own work: a policy that starts more requests per step (hits with short
-    uncached suffixes) makes vLLM do more admissions per step, each with vLLM's own prefix lookup
-    and block allocation. "vLLM per start" (vLLM's part of an admitting step / requests started,
-    median) compares that work per started request across the arms.
+    queue metrics after `update_from_output`), and nothing else (0 for vLLM's own arm, up to the
+    counter's own cost);
+  * "added" = the arm's median minus vLLM's median of the same kind and size, both from the same
+    run (paired medians): what running Fairway instead of vLLM's own scheduler costs a step. This
+    is what the goals (`GOALS_MS`, the "goal met" column) bound: <= 0.5 ms at 1,000 waiting and
+    <= 2 ms at 10,000 in every kind but "burst", <= 10 ms for the step after a burst of 1,000.
+    It also holds the difference in vLLM's own work: a policy that starts more requests per step
+    (hits with short uncached suffixes) makes vLLM do more admissions per step, each with vLLM's
+    own prefix lookup and block allocation. "vLLM per start" (vLLM's part of an admitting step /
+    requests started, median) compares that work per started request across the arms.
 
 "pre-pass" is Fairway's ordering and share as `fairway:prepass_seconds` observes it (wall time,
 median over the steps that ran it).
 "Machine speed" (`speed_scaled`): a shared VM's speed drifts, and every arm with it; vLLM's own
 admitting step at 1,000 waiting, ~1.4 ms on the machine the goals were set on, is the yardstick, and
 Fairway's own times at 1,000 waiting are also shown scaled to that speed. The goal column judges
-the raw times.
+the raw times (the added ones, which the shared machine's speed moves less: both arms ran in the
+same minutes).
 The memory Fairway keeps per waiting request is measured with tracemalloc (allocations made from
 `fairway/` files, N = the largest size <= 1,000).
 
@@ -59,9 +74,21 @@ answer. A second table pairs each POLICY with POLICY+tier: Fairway's own time, t
 vLLM's part of the step (with the connector it does more: its own tier lookups at admission, the
 store and load jobs) and how many waiting requests the probe found in the tier (median over the
 steps whose pre-pass ordered the queue; the probe's answer is kept by a thin wrapper around its
-`lookup`, the count is taken outside the timing).
+`lookup`, the count is taken outside the timing). Its goal (`TIER_GOAL_MS`, "tier goal met"):
+Fairway's own median with the tier minus without it <= 0.1 ms at 1,000 waiting, in the kinds
+that order a queue of N step after step (all but "burst").
 
-Run: `python benchmarks/scheduler_overhead.py [--sizes 100 1000 10000] [--json out.json]`;
+Tier defaults: `--tier-blocks` 4 x the prefixes' blocks, `--gpu-prefixes` a quarter of
+`--prefixes`, plus 600 blocks per running slot (`TIER_RUN_SLOT_BLOCKS`); `TierWorker` is the
+replay's worker model (`fairway.replay.offload_sim.TierTransfers`) over an instant link. An arm
+`POLICY+tier+blind` is the same with option `tier: blind`: the connector configured, Fairway's
+tier probe off, so its difference to POLICY is what a connector costs Fairway without the lookup
+(with any connector vLLM's scan may skip or copy any request, so Fairway orders the whole queue).
+The second table also gives the probe's `lookup` alone (median / mean / p90 wall ms over the
+steps that looked the tier up).
+
+Run: `python benchmarks/scheduler_overhead.py [--sizes 100 1000 10000] [--kinds prefilling burst]
+[--json out.json]`;
 with the tier: `--policies fairway fairway+tier [--tier-blocks N] [--gpu-prefixes K]`.
 """
 
@@ -92,7 +119,13 @@ PREFIX_TOKENS = 8_192
 SUFFIX_MAX = 8_192
 BLOCK_SIZE = 16
 PREFILL_BUDGET = 2_048
-KINDS = ("full", "admit", "busy", "burst")
+KINDS = ("full", "admit", "busy", "prefilling", "burst")
+#: The kinds that order a queue of N waiting requests step after step (all but "burst").
+STEADY_KINDS = ("full", "admit", "busy", "prefilling")
+#: The "prefilling" kind's node: request slots, and the uncached tokens of each request
+#: (beyond its cached 8,192-token prefix), smallest and largest.
+PREFILLING_SLOTS = 64
+PREFILLING_UNCACHED = (16, 8_192)
 #: What an arm's name may add to its policy after a "+" (`fairway+tenants`, `fairway+tier`).
 #: An arm's flags: `tenants` (the `tenants` option), `tier` (vLLM's offloading connector) and,
 #: with `tier`, `blind` (option `tier: blind`: the connector without Fairway's tier probe).
@@ -102,7 +135,7 @@ ARM_FLAGS = ("tenants", "tier", "blind")
 TIER_RUN_SLOT_BLOCKS = SUFFIX_MAX // BLOCK_SIZE + 88
 #: The goal of the tier lookup: Fairway's own median with the tier minus without it (ms), at
 #: 1,000 waiting, in the steps that can order (full steps never look the tier up).
-TIER_GOAL_MS = {(1_000, kind): 0.1 for kind in ("full", "admit", "busy")}
+TIER_GOAL_MS = {(1_000, kind): 0.1 for kind in STEADY_KINDS}
 
 
 def arm_parts(arm: str) -> tuple[str, frozenset[str]]:
@@ -301,27 +334,45 @@ class Workload:
         ]
         self.hasher = seeds[0]._block_hasher  # vLLM internal: Request._block_hasher
         self.seeds = seeds
-        pool = list(range(1_000_000, 1_000_000 + 4 * SUFFIX_MAX))
-        now = time.time()
-        self.templates = []
-        for i in range(n + args.steps * 4):
-            g = i % len(self.prefixes)
-            suffix_len = rng.randint(0, SUFFIX_MAX)
-            start = rng.randint(0, len(pool) - SUFFIX_MAX - 1)
-            # the first suffix token makes each request unique, the rest is shared int objects
-            suffix = [10_000_000 + i, *pool[start : start + suffix_len]]
-            arrival = now - rng.uniform(0, 30)
-            prompt = self.prefixes[g] + suffix
-            tenant = f"t{i % args.tenants}" if args.tenants > 1 else None
-            self.templates.append(self._new(f"w{i}", prompt, arrival, hashes=seeds[g].block_hashes,
-                                            tenant=tenant))
+        self._pool = list(range(1_000_000, 1_000_000 + 4 * SUFFIX_MAX))
         self.num_waiting = n
         self.tenants = args.tenants
+        self._count = n + args.steps * 4
+        # suffix of 0-8,192 tokens after its first (unique) token: 1-8,193 uncached tokens
+        self.templates = self._templates(rng, "w", 10_000_000, 1, SUFFIX_MAX + 1)
+        self._prefilling: list[Any] | None = None
         #: A run with a +tier arm: every arm's GPU cache holds `gpu_prefixes` prefixes' worth
         #: (plus the running slots' room), the +tier arms have a tier of `tier_blocks` blocks.
         self.tier_run = any(is_tier(arm) for arm in args.policies)
         self.tier_blocks: int = getattr(args, "tier_blocks", None) or 0
         self.gpu_prefixes: int = getattr(args, "gpu_prefixes", None) or 0
+
+    def _templates(
+        self, rng: random.Random, name: str, unique: int, fewest: int, most: int
+    ) -> list[Any]:
+        """Requests of one shared prefix (in turn) and `fewest`..`most` uncached tokens."""
+        pool, now, templates = self._pool, time.time(), []
+        for i in range(self._count):
+            g = i % len(self.prefixes)
+            suffix_len = rng.randint(fewest - 1, most - 1)
+            start = rng.randint(0, len(pool) - SUFFIX_MAX - 1)
+            # the first suffix token makes each request unique, the rest is shared int objects
+            suffix = [unique + i, *pool[start : start + suffix_len]]
+            arrival = now - rng.uniform(0, 30)
+            prompt = self.prefixes[g] + suffix
+            tenant = f"t{i % self.tenants}" if self.tenants > 1 else None
+            templates.append(self._new(f"{name}{i}", prompt, arrival,
+                                       hashes=self.seeds[g].block_hashes, tenant=tenant))
+        return templates
+
+    @property
+    def prefilling_templates(self) -> list[Any]:
+        """The "prefilling" kind's requests: a shared prefix and `PREFILLING_UNCACHED` tokens
+        (built on first use, with their own random draws: the other kinds' stay as they were)."""
+        if self._prefilling is None:
+            rng = random.Random(f"prefilling {self.num_waiting}")
+            self._prefilling = self._templates(rng, "p", 20_000_000, *PREFILLING_UNCACHED)
+        return self._prefilling
 
     def _new(
         self,
@@ -521,25 +572,32 @@ def full_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> lis
 class PrefillNode:
     """One arm's prefill node: free slots, 2,048-token steps, max_tokens 1; the queue kept at N.
 
-    Each step that admits requests is an "admit" sample, each step whose token budget went to
-    running chunks a "busy" sample; after every step as many new requests arrive as were admitted
-    (each arm has its own copies, as admission mutates a request). The arms' nodes take turns in
-    blocks of steps (`run`), like the full steps, so that a slow spell of a shared machine hits
-    every arm alike.
+    After every step as many new requests arrive as were admitted (each arm has its own copies,
+    as admission mutates a request). `prefilling` False (the "admit" / "busy" kinds): `--running`
+    slots, the workload's requests; each step that admits requests is an "admit" sample, each
+    step whose token budget went to running chunks a "busy" sample. `prefilling` True (the
+    "prefilling" kind): `PREFILLING_SLOTS` slots, requests of `PREFILLING_UNCACHED` uncached
+    tokens, every step one sample. The arms' nodes take turns in blocks of steps (`run`), like
+    the full steps, so that a slow spell of a shared machine hits every arm alike.
     """
 
-    def __init__(self, work: Workload, arm: str, args: argparse.Namespace) -> None:
-        self.work, self.arm = work, arm
+    def __init__(
+        self, work: Workload, arm: str, args: argparse.Namespace, prefilling: bool = False
+    ) -> None:
+        self.work, self.arm, self.prefilling = work, arm, prefilling
+        self.templates = work.prefilling_templates if prefilling else work.templates
         self.sched = work.scheduler(
-            arm, max_num_seqs=args.running, budget=PREFILL_BUDGET, fill=False
+            arm, max_num_seqs=PREFILLING_SLOTS if prefilling else args.running,
+            budget=PREFILL_BUDGET, fill=False,
         )
-        templates = work.templates[: work.num_waiting]
+        templates = self.templates[: work.num_waiting]
         work.offline.add_requests(
             self.sched, [work.copy(t, f"{arm}-{k}") for k, t in enumerate(templates)]
         )
         self.next_k = work.num_waiting
         self.admit: list[Sample] = []
         self.busy: list[Sample] = []
+        self.steps: list[Sample] = []  # every step ("prefilling")
         warm = 0
         while warm < args.warmup:  # untimed, until the probe has seen every waiting request
             _, unprobed = self._step()
@@ -553,7 +611,7 @@ class PrefillNode:
         unprobed = _unprobed(self.sched)
         arrivals = []
         for _ in range(sample.admitted):
-            template = work.templates[self.next_k % len(work.templates)]
+            template = self.templates[self.next_k % len(self.templates)]
             arrivals.append(work.copy(template, f"{self.arm}-{self.next_k}", time.time()))
             self.next_k += 1
         return sample.plus(*_timed_add(work.offline, self.sched, arrivals)), unprobed
@@ -562,12 +620,17 @@ class PrefillNode:
         """`steps` measured steps."""
         for _ in range(steps):
             sample, _ = self._step()
-            (self.admit if sample.admitted else self.busy).append(sample)
+            if self.prefilling:
+                self.steps.append(sample)
+            else:
+                (self.admit if sample.admitted else self.busy).append(sample)
 
     def results(self) -> list[ArmResult]:
         if not is_vllm(self.arm):
             assert self.sched.fairway_totals.policy_fallbacks == 0
         n = self.work.num_waiting
+        if self.prefilling:
+            return [_result(self.arm, "prefilling", n, self.steps)]
         results = []
         if self.admit:
             results.append(_result(self.arm, "admit", n, self.admit))
@@ -576,9 +639,11 @@ class PrefillNode:
         return results
 
 
-def prefill_steps(work: Workload, arms: list[str], args: argparse.Namespace) -> list[ArmResult]:
+def prefill_steps(
+    work: Workload, arms: list[str], args: argparse.Namespace, prefilling: bool = False
+) -> list[ArmResult]:
     """Every arm's prefill node, the arms taking turns in `--rounds` blocks of steps."""
-    nodes = [PrefillNode(work, arm, args) for arm in arms]
+    nodes = [PrefillNode(work, arm, args, prefilling) for arm in arms]
     for _ in range(args.rounds):
         for node in nodes:
             node.run(args.steps // args.rounds)
@@ -640,6 +705,10 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
             print(f"measuring {n}: prefill steps", file=sys.stderr, flush=True)
             results += prefill_steps(work, arms, args)
             gc.collect()
+        if "prefilling" in args.kinds:
+            print(f"measuring {n}: prefilling steps", file=sys.stderr, flush=True)
+            results += prefill_steps(work, arms, args, prefilling=True)
+            gc.collect()
         if "burst" in args.kinds:
             for arm in arms:
                 print(f"measuring {n}: {arm} bursts", file=sys.stderr, flush=True)
@@ -650,11 +719,12 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
     return results
 
 
-#: The goals: bounds on Fairway's own time per step (ms), by (waiting, step kind).
+#: The goals: bounds on the time an arm adds to vLLM's step (ms; "added": the arm's median minus
+#: vLLM's median of the same kind and size in the same run), by (waiting, step kind).
 GOALS_MS = {
-    **{(1_000, kind): 1.0 for kind in ("full", "admit", "busy")},
-    **{(10_000, kind): 5.0 for kind in ("full", "admit", "busy")},
-    (1_000, "burst"): 50.0,
+    **{(1_000, kind): 0.5 for kind in STEADY_KINDS},
+    **{(10_000, kind): 2.0 for kind in STEADY_KINDS},
+    (1_000, "burst"): 10.0,
 }
 
 
@@ -683,7 +753,7 @@ def speed_scaled(results: list[ArmResult]) -> dict[str, Any] | None:
     scaled = {
         f"{r.arm} {r.kind}": r.own_median_ms * scale
         for r in results
-        if not is_vllm(r.arm) and r.waiting == 1_000 and r.kind in ("full", "admit", "busy")
+        if not is_vllm(r.arm) and r.waiting == 1_000 and r.kind in STEADY_KINDS
     }
     return {"vllm_admit_1000_ms": vllm.median_ms, "scale": scale, "own_1000_scaled_ms": scaled}
 
@@ -699,24 +769,34 @@ def speed_line(speed: dict[str, Any]) -> str:
     )
 
 
-def goal_met(result: ArmResult) -> str:
-    """Yes/no: Fairway's own median against `GOALS_MS`; "-": no goal (or vLLM's arm)."""
+def added_ms(result: ArmResult, base: ArmResult | None) -> float | None:
+    """What the arm adds to vLLM's step: its median minus `base`'s (vLLM's own arm, same kind,
+    size and run; `base_arm`); None without that row, or for vLLM's own arms."""
+    if base is None or is_vllm(result.arm):
+        return None
+    return result.median_ms - base.median_ms
+
+
+def goal_met(result: ArmResult, base: ArmResult | None) -> str:
+    """Yes/no: the added median (`added_ms` against `base`, vLLM's row of the same kind and size
+    in the same run) against `GOALS_MS`; "-": no goal, vLLM's arm, or no vLLM row."""
     goal = GOALS_MS.get((result.waiting, result.kind))
-    if goal is None or is_vllm(result.arm):
+    added = added_ms(result, base)
+    if goal is None or added is None:
         return "-"
-    return "yes" if result.own_median_ms <= goal else "no"
+    return "yes" if added <= goal else "no"
 
 
 def markdown(results: list[ArmResult]) -> str:
-    """One row per size, kind and arm: the step's median and p90, the added median over vLLM's,
-    Fairway's own time (median, p90) and its goal, the pre-pass, vLLM's part per started
+    """One row per size, kind and arm: the step's median and p90, the added median over vLLM's
+    and its goal, Fairway's own time (median, p90), the pre-pass, vLLM's part per started
     request and the requests started per "admit" step."""
     base = {(r.arm, r.waiting, r.kind): r for r in results if is_vllm(r.arm)}
     lines = [
-        "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | ratio | "
-        "Fairway's own median / p90 ms | goal met | pre-pass median ms | vLLM per start ms | "
+        "| waiting | step kind | scheduler | median ms | p90 ms | added median ms | goal met | "
+        "ratio | Fairway's own median / p90 ms | pre-pass median ms | vLLM per start ms | "
         "started per step |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.waiting, KINDS.index(r.kind))):
         b = base.get((base_arm(r.arm), r.waiting, r.kind))
@@ -724,10 +804,11 @@ def markdown(results: list[ArmResult]) -> str:
             arm = "vLLM Scheduler" + (" (+tier)" if is_tier(r.arm) else "")
         else:
             arm = f"Fairway ({r.arm})"
-        if b is None or is_vllm(r.arm):
+        added_value = added_ms(r, b)
+        if added_value is None:
             added, own = "-", "-"
         else:
-            added = f"{r.median_ms - b.median_ms:+.3f}"
+            added = f"{added_value:+.3f}"
             own = f"{r.own_median_ms:.3f} / {r.own_p90_ms:.3f}"
         ratio = f"{r.median_ms / b.median_ms:.2f}" if b is not None else "-"
         prepass = f"{r.prepass_ms:.3f}" if r.prepass_ms is not None else "-"
@@ -735,7 +816,7 @@ def markdown(results: list[ArmResult]) -> str:
         started = f"{r.admitted_mean:.2f}" if r.admitted_mean is not None else "-"
         lines.append(
             f"| {r.waiting:,} | {r.kind} | {arm} | {r.median_ms:.3f} | {r.p90_ms:.3f} | "
-            f"{added} | {ratio} | {own} | {goal_met(r)} | {prepass} | {per_start} | {started} |"
+            f"{added} | {goal_met(r, b)} | {ratio} | {own} | {prepass} | {per_start} | {started} |"
         )
     return "\n".join(lines)
 
@@ -808,7 +889,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="what to measure"
     )
     parser.add_argument(
-        "--steps", type=int, default=120, help="measured steps per arm (prefill: admit + busy)"
+        "--steps", type=int, default=120,
+        help="measured steps per arm and kind (admit + busy together)",
     )
     parser.add_argument("--warmup", type=int, default=5, help="untimed prefill steps first")
     parser.add_argument("--rounds", type=int, default=4, help="turns each arm takes in a kind")

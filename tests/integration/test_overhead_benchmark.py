@@ -3,6 +3,7 @@ split into vLLM's own methods and Fairway's own time adds up (a smoke test, not 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ def test_every_arm_and_kind_is_split_into_vllm_and_fairway_time(capsys):
     results = [bench.ArmResult(**{k: v for k, v in r.items()}) for r in report["results"]]
     kinds = {(r.arm, r.kind) for r in results}
     for arm in ("vllm", "fairway", "lpm"):
-        assert {(arm, "full"), (arm, "burst")} <= kinds
+        assert {(arm, "full"), (arm, "prefilling"), (arm, "burst")} <= kinds
         assert (arm, "admit") in kinds or (arm, "busy") in kinds
     for r in results:
         assert 0 <= r.own_median_ms <= r.median_ms + 1e-9
@@ -42,19 +43,55 @@ def test_every_arm_and_kind_is_split_into_vllm_and_fairway_time(capsys):
             assert r.own_median_ms > 0  # Fairway's hooks ran
         if r.kind == "admit":
             assert r.admitted_mean >= 1 and r.vllm_per_start_ms > 0
-        assert bench.goal_met(r) == "-"  # no goal at 40 waiting
+        if r.kind == "prefilling":  # every step a sample
+            assert len(r.samples_ms) == 8 and r.admitted_mean is None
+            if r.arm != "vllm":
+                assert r.prepass_ms is not None  # chunked prefills run: the policy plans
+        base = next(b for b in results if (b.arm, b.kind) == ("vllm", r.kind))
+        assert bench.goal_met(r, base) == "-"  # no goal at 40 waiting
     out = capsys.readouterr().out
     assert "Fairway's own median / p90 ms" in out and "| 40 | burst | Fairway (fairway) |" in out
+    assert "| 40 | prefilling | Fairway (fairway) |" in out
 
 
-def test_the_goal_is_judged_on_fairways_own_median():
+def test_the_prefilling_kind_keeps_chunked_prefills_running_on_64_slots():
+    """The "prefilling" node: 64 slots, 2,048-token steps, every request one cached prefix plus
+    16-8,192 uncached tokens; the queue stays at N while chunked prefills run."""
     bench = _load()
-    row = bench.ArmResult("fairway", "admit", 1_000, median_ms=9.0, p90_ms=9.0, own_median_ms=0.9)
-    assert bench.goal_met(row) == "yes"
-    row.own_median_ms = 1.1
-    assert bench.goal_met(row) == "no"
-    assert bench.goal_met(bench.ArmResult("fairway", "burst", 10_000, 1.0, 1.0)) == "-"
-    assert bench.goal_met(bench.ArmResult("vllm", "admit", 1_000, 1.0, 1.0)) == "-"
+    args = argparse.Namespace(
+        prefixes=4, steps=8, tenants=1, policies=["fairway"], running=16, warmup=1, rounds=2
+    )
+    from fairway.vllm import offline
+
+    work = bench.Workload(offline, args, 40)
+    for t in work.prefilling_templates:
+        uncached = t.num_tokens - bench.PREFIX_TOKENS
+        assert bench.PREFILLING_UNCACHED[0] <= uncached <= bench.PREFILLING_UNCACHED[1]
+    node = bench.PrefillNode(work, "fairway", args, prefilling=True)
+    assert node.sched.scheduler_config.max_num_seqs == bench.PREFILLING_SLOTS
+    node.run(6)
+    assert len(node.steps) == 6 and not node.admit and not node.busy
+    assert len(node.sched.waiting) == 40 and any(r.num_computed_tokens for r in node.sched.running)
+
+
+def test_the_goal_is_judged_on_the_added_median():
+    """Added = the arm's median minus vLLM's of the same kind, size and run: 0.5 ms at 1,000
+    waiting in every kind that orders a queue, 2 ms at 10,000, 10 ms after a burst of 1,000."""
+    bench = _load()
+    vllm = bench.ArmResult("vllm", "prefilling", 1_000, median_ms=1.0, p90_ms=1.0)
+    row = bench.ArmResult("fairway", "prefilling", 1_000, median_ms=1.5, p90_ms=9.0,
+                          own_median_ms=0.9)
+    assert bench.added_ms(row, vllm) == 0.5 and bench.goal_met(row, vllm) == "yes"
+    row.median_ms = 1.6
+    assert bench.goal_met(row, vllm) == "no"
+    row.own_median_ms = 0.1  # Fairway's own time alone does not decide it
+    assert bench.goal_met(row, vllm) == "no"
+    assert bench.goal_met(row, None) == "-"  # no vLLM row to pair with
+    assert {kind for (size, kind) in bench.GOALS_MS if size == 10_000} == set(bench.STEADY_KINDS)
+    assert bench.GOALS_MS[(10_000, "full")] == 2.0 and bench.GOALS_MS[(1_000, "burst")] == 10.0
+    burst = bench.ArmResult("fairway", "burst", 10_000, 1.0, 1.0)
+    assert bench.goal_met(burst, bench.ArmResult("vllm", "burst", 10_000, 1.0, 1.0)) == "-"
+    assert bench.goal_met(vllm, vllm) == "-"
 
 
 def test_the_speed_view_scales_own_times_by_vllms_admitting_step():
