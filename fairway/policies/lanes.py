@@ -10,6 +10,7 @@ lane without sorting the whole queue (what the engine calls every step over 1,00
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,7 @@ def merge(
     step_tokens: int | None = None,
     fit: bool = False,
     skipped: set[int] | None = None,
+    turn_past: list[float] | None = None,
 ) -> tuple[list[int], list[str], list[str]]:
     """The paper's merge of two lanes over the same requests.
 
@@ -149,6 +151,14 @@ def merge(
     the work placed so far is below `step_tokens`, a Fast-lane request whose work exceeds what
     is left is passed over by the Fast lane (it stays in the Fair lane, in its place there) and
     its key is added to `skipped`. Every partial start of a step is then the Fair lane's.
+
+    `turn_past` (given a lane prefix that the Fast lane may use up by passing over): the first
+    time the Fast lane's turn comes with every key of `fast` placed or passed over, the room the
+    step has left then is appended (its tokens minus the work placed; -inf when the fit test no
+    longer applies, the step being full). The whole lane's merge would read its next key there:
+    if no key beyond the prefix has work within that room, it passes over all of them and the
+    Fast lane is done in both merges, so the prefix's merge is the whole lane's (the caller's
+    test, `FairwayPolicy.ordering`).
     """
     placed: set[int] = set()
     keys: list[int] = []
@@ -171,7 +181,10 @@ def merge(
     # speed: lookups hoisted out of the loop (one set of what the Fast lane skips, counters kept,
     # no len() per turn): part of `fairway.ordering`'s 0.49 -> 0.46 ms (see there)
 
-    def run(fast_keys: Sequence[int], fair_keys: Sequence[int], waiting_limit: int | None) -> None:
+    def run(
+        fast_keys: Sequence[int], fair_keys: Sequence[int], waiting_limit: int | None,
+        whole_fast: bool = True,
+    ) -> None:
         nonlocal placed_work, waiting
         n_fast, n_fair = len(fast_keys), len(fair_keys)
         limit = sys.maxsize if waiting_limit is None else waiting_limit
@@ -194,6 +207,10 @@ def merge(
                 lanes.append(FAST)
                 charged.append(FAIR if key == front and long_front else FAST)
             else:
+                if (turn_past is not None and not turn_past and whole_fast
+                        and fast_pos == n_fast and ledger[0] <= ledger[1]):
+                    room = tokens - placed_work
+                    turn_past.append(room if check_fit and room > 0 else -math.inf)
                 key = fair_keys[fair_pos]
                 amount = float(work[key])
                 ledger[1] += amount
@@ -209,7 +226,7 @@ def merge(
         run(fast, fair, None)
     else:
         run(fast, fair, max(0, slots))
-        run([k for k in fast if k < 0], [k for k in fair if k < 0], None)
+        run([k for k in fast if k < 0], [k for k in fair if k < 0], None, whole_fast=False)
         run(fast, fair, None)
     return keys, lanes, charged
 

@@ -24,12 +24,18 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 
+#: Noted arrivals registered as one batch from this many on (fewer: one by one, as numpy's
+#: fixed cost per call exceeds the scalar writes of a few requests).
+_BATCH = 16
+
+
 class PrefixProbe:
     """Cached-prefix length of waiting requests, without touching vLLM's state, and the queue's
     fields as numpy columns for the policies.
 
-    A request is registered (a slot and a memo) when vLLM appends it to the queue
-    (`note_arrival`), when a snapshot first finds it there, or when it is looked up on its own
+    A request is registered (a slot and a memo) after vLLM appends it to the queue
+    (`note_arrival` notes it; the next call that reads the probe registers every noted request
+    in one batch), when a snapshot first finds it there, or when it is looked up on its own
     (`cached_tokens`), and dropped when it leaves (`forget`, or absent from a snapshot).
     """
 
@@ -58,6 +64,8 @@ class PrefixProbe:
         self.caching = caching
         self.block_size = self.memo.block_size
         self.incremental = self.memo.incremental
+        #: Requests `note_arrival` noted and no call has registered yet (`_register_noted`).
+        self._noted: list[Request] = []
 
     # --- one request ------------------------------------------------------------------------------
 
@@ -66,6 +74,7 @@ class PrefixProbe:
 
         Registers the request (its memo is dropped at the next `snapshot` if it is not waiting).
         """
+        self._register_noted()
         self.memo.check_map()
         slot = self.slots.slot_of.get(request)
         if slot is None:
@@ -74,6 +83,7 @@ class PrefixProbe:
 
     def known_cached_tokens(self, request: Request) -> int | None:
         """h as the policy would see it now, without probing (None: not looked up yet)."""
+        self._register_noted()
         slot = self.slots.slot_of.get(request)
         return None if slot is None else self.memo.known_cached_tokens(slot)
 
@@ -83,6 +93,7 @@ class PrefixProbe:
 
     def hit_blocks(self, request: Request) -> list[KVCacheBlock]:
         """The cached blocks of a waiting request's hit, first block first (read on demand)."""
+        self._register_noted()
         slot = self.slots.slot_of.get(request)
         return [] if slot is None else self.memo.hit_blocks(slot)
 
@@ -94,6 +105,7 @@ class PrefixProbe:
         Args:
             requests: the waiting queue in its current order.
         """
+        self._register_noted()
         self.memo.check_map()
         current = requests if isinstance(requests, list) else list(requests)
         slots, unknown = self.slots.find(current)
@@ -139,18 +151,44 @@ class PrefixProbe:
 
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""
+        self._register_noted()
         return self.slots.oldest_arrival()
 
     def advance(self) -> None:
         """Probe new requests (up to the budget) and re-verify every memo (`PrefixMemo.advance`);
         the whole pre-pass of a step that cannot admit anything."""
+        self._register_noted()
         self.memo.advance()
 
     def note_arrival(self, request: Request) -> None:
-        """Register a request as vLLM appends it to the queue (a step that cannot admit still
-        probes it; the next `snapshot` expects it at the end of the queue)."""
-        if request not in self.slots.slot_of and request.status == RequestStatus.WAITING:
-            self.slots.note_arrival(request, self._register(request))
+        """Note a request vLLM appended to the queue: the next call that reads the probe
+        registers it (a step that cannot admit still probes it; the next `snapshot` expects it
+        at the end of the queue)."""
+        if request.status == RequestStatus.WAITING:
+            self._noted.append(request)
+
+    def _register_noted(self) -> None:
+        """Register the noted requests not registered yet, in the order they were noted: what
+        registering each one as it was noted gives (the same slots, memos and pending order),
+        in one batch.
+        """
+        if not self._noted:
+            return
+        noted, self._noted = self._noted, []
+        slot_of = self.slots.slot_of
+        new = [r for r in dict.fromkeys(noted) if r not in slot_of]
+        if len(new) < _BATCH:  # a few arrivals: one at a time costs less than numpy's calls
+            note = self.slots.note_arrival
+            for request in new:
+                note(request, self._register(request))
+            return
+        num_tokens = [r.num_tokens for r in new]
+        arrivals = [r.arrival_time for r in new]
+        slots = self.slots.add_many(new, arrivals, num_tokens)
+        if len(self.memo.hits) < self.slots.capacity:
+            self.memo.resize(self.slots.capacity)
+        self.memo.add_many(new, slots, arrivals, num_tokens, self.max_tokens)
+        self.slots.note_arrivals(new, slots)
 
     def invalidate(self, request: Request) -> None:
         """Drop one request's memo while it may still be queued (its tokens changed)."""
@@ -159,6 +197,7 @@ class PrefixProbe:
 
     def tier_tokens_of(self, requests: Iterable[Request]) -> int:
         """Sum of the tier-hit tokens last probed for these requests (0 without a tier)."""
+        self._register_noted()
         tier, slot_of = self.tier, self.slots.slot_of
         if tier is None:
             return 0
@@ -166,6 +205,7 @@ class PrefixProbe:
 
     def forget(self, requests: Iterable[Request]) -> None:
         """Drop memo entries (requests admitted or gone: no longer in the queue)."""
+        self._register_noted()
         slot_of = self.slots.slot_of
         for request in requests:
             slot = slot_of.get(request)
@@ -175,6 +215,7 @@ class PrefixProbe:
     @property
     def num_unprobed(self) -> int:
         """Waiting requests not looked up yet (ordered as misses until they are)."""
+        self._register_noted()
         return self.memo.num_unprobed
 
     @property
@@ -188,6 +229,7 @@ class PrefixProbe:
         return self.memo.num_extensions
 
     def __len__(self) -> int:
+        self._register_noted()
         return len(self.slots)
 
     def _register(self, request: Request) -> int:

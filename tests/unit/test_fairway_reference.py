@@ -142,3 +142,50 @@ def test_the_worked_example_is_the_rules_first_contested_step() -> None:
     assert decided.plan.front_id == "M"
     assert policy.ledger.fast == 4 * 300 and policy.ledger.fair == 6_000
     assert policy.order([miss, *hits], 10.0) == [1, 2, 3, 4, 5, 0]  # the paper's merge too
+
+
+def _passing_queue(fit_beyond: bool) -> list[QueuedRequest]:
+    """A 2,048-token step whose Fast lane starts a hit H (40 tokens to compute) and then passes
+    over the older miss F (2,020 > the 2,008 tokens left); 30 recent misses of 2,100+ tokens
+    follow in both lanes, and with `fit_beyond` one recent miss of 1,000 tokens (it fits)."""
+    queue = [QueuedRequest("F", 0.0, 2_020, 0), QueuedRequest("H", 99.0, 4_040, 4_000)]
+    queue += [QueuedRequest(f"m{i}", 99.5, 2_100 + 60 * i, 0) for i in range(30)]
+    if fit_beyond:
+        queue.append(QueuedRequest("fits", 99.5, 1_000, 0))
+    return queue
+
+
+def _decide_calls(policy: FairwayPolicy) -> list[int]:
+    """Counts the engine path's `_decide` calls (one per lane prefix it tries)."""
+    calls = [0]
+    inner = policy._decide
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return inner(*args, **kwargs)  # type: ignore[arg-type]
+
+    policy._decide = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_prefix_the_fast_lane_passes_over_decides_as_the_whole_lane() -> None:
+    """The Fast lane's turn comes at the end of its two known rows with 2,008 tokens left and no
+    request beyond them fits: the whole lane would pass over all of them, so the engine path
+    decides from the prefix it has (two `_decide` calls: the prefix, then the same prefix as the
+    whole lane), not by doubling the prefix up to the whole queue (six calls), and decides as
+    the rule does. With a request beyond that fits, it widens the prefix and still agrees."""
+    budget = StepBudget(2_048, 2)
+    for fit_beyond, want_calls in ((False, 2), (True, 6)):  # 6: rows 2, 4, 8, 16, 32, 33
+        queue = _passing_queue(fit_beyond)
+        engine, rule = get("fairway"), get("fairway")
+        assert isinstance(engine, FairwayPolicy) and isinstance(rule, FairwayPolicy)
+        calls = _decide_calls(engine)
+        got = engine.ordering(QueueColumns.of(queue), Step(100.0, 2, budget))
+        want = rule.decide(queue, Step(100.0, None, budget))
+        assert calls[0] == want_calls, fit_beyond
+        assert [int(i) for i in got.order][:2] == list(want.order)[:2]
+        assert got.plan is not None and want.plan is not None
+        assert dataclasses.replace(got.plan, lanes={}) == dataclasses.replace(want.plan, lanes={})
+        assert _state(engine)[0] == _state(rule)[0]  # the ledgers (placements past the head
+        # are not the engine's to know)
+    assert [queue[int(i)].request_id for i in want.order][:3] == ["H", "fits", "F"]
