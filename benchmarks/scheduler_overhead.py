@@ -45,7 +45,9 @@ the rest:
     It also holds the difference in vLLM's own work: a policy that starts more requests per step
     (hits with short uncached suffixes) makes vLLM do more admissions per step, each with vLLM's
     own prefix lookup and block allocation. "vLLM per start" (vLLM's part of an admitting step /
-    requests started, median) compares that work per started request across the arms.
+    requests started, median; "admit" and "prefilling") compares that work per started request
+    across the arms, and "started per step" how many requests each step started (the mean over
+    the admitting steps for "admit", over every step for "prefilling").
 
 "pre-pass" is Fairway's ordering and share as `fairway:prepass_seconds` observes it (wall time,
 median over the steps that ran it).
@@ -524,16 +526,28 @@ def _result(arm: str, kind: str, n: int, samples: Sequence[Sample]) -> ArmResult
         _p90(ms),
         statistics.median(ran) if ran else None,
         ms,
-        statistics.mean(s.admitted for s in starts) if kind == "admit" and starts else None,
+        _started_per_step(kind, samples, starts),
         statistics.median(own),
         _p90(own),
-        statistics.median(per_start) if kind == "admit" and per_start else None,
+        statistics.median(per_start) if kind in ("admit", "prefilling") and per_start else None,
         statistics.median(s.vllm_s * 1e3 for s in samples),
         statistics.median(s.tier_hits or 0 for s in tiered) if tiered else None,
         statistics.median(s.tier_tokens or 0 for s in tiered) if tiered else None,
         len(tiered),
         _lookup_ms([s.tier_lookup_s * 1e3 for s in tiered if s.tier_lookup_s is not None]),
     )
+
+
+def _started_per_step(
+    kind: str, samples: Sequence[Sample], starts: Sequence[Sample]
+) -> float | None:
+    """Requests started per step: over the admitting steps ("admit"), over every step
+    ("prefilling", where a step that starts none is one of the kind's samples); None otherwise."""
+    if kind == "admit" and starts:
+        return statistics.mean(s.admitted for s in starts)
+    if kind == "prefilling" and samples:
+        return statistics.mean(s.admitted for s in samples)
+    return None
 
 
 def _lookup_ms(values: list[float]) -> tuple[float, float, float] | None:

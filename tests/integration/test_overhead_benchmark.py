@@ -44,7 +44,8 @@ def test_every_arm_and_kind_is_split_into_vllm_and_fairway_time(capsys):
         if r.kind == "admit":
             assert r.admitted_mean >= 1 and r.vllm_per_start_ms > 0
         if r.kind == "prefilling":  # every step a sample
-            assert len(r.samples_ms) == 8 and r.admitted_mean is None
+            assert len(r.samples_ms) == 8 and r.admitted_mean is not None
+            assert r.admitted_mean > 0  # the mean over every step, those that start none included
             if r.arm != "vllm":
                 assert r.prepass_ms is not None  # chunked prefills run: the policy plans
         base = next(b for b in results if (b.arm, b.kind) == ("vllm", r.kind))
