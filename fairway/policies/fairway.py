@@ -111,9 +111,6 @@ class FairwayPolicy(FastLanePolicy):
     #: `tenant_credit_steps` in tokens, and the step's budget, at the last classed step.
     _credit: float = field(init=False, repr=False, default=0.0)
     _step_tokens: int = field(init=False, repr=False, default=0)
-    #: The room the step had left when the last `_decide`'s Fast lane came to the end of its
-    #: known prefix on its turn (`merge`'s `turn_past`; empty: it never did).
-    _turn_past: list[float] = field(init=False, repr=False, default_factory=list)
 
     # --- the rule ---------------------------------------------------------------------------------
 
@@ -281,16 +278,17 @@ class FairwayPolicy(FastLanePolicy):
             work.update(run_work)
             done.update(run_done)
             fast = _with_running(fast_rows, scores, queue.arrival, run_scores, running)
+            turn_past: list[float] = []
             decided = self._decide(fast, fair, work, done, queue_work, n, step, queue.ids_of,
-                                   fast_whole=whole or len(fast_rows) >= n)
+                                   fast_whole=whole or len(fast_rows) >= n, turn_past=turn_past)
             if decided is not None:
                 return decided
             # The Fast lane passed over its whole known prefix. If its turn came at the end of
             # the prefix with a room no request beyond it fits, the whole lane passes over them
             # all there: the prefix decides as the whole lane (`merge`'s `turn_past`). Else widen.
-            # speed: scheduler_overhead.py prefilling 10,000 fairway: a step whose room no
-            # waiting request fits asked 8 times (the prefix doubled to the whole queue)
-            room = self._turn_past[0] if self._turn_past else None
+            # speed: at 10,000 waiting and a 65-row prefix, a step whose room no waiting
+            # request fits asked 9 times (the prefix doubled up to the whole queue), now twice
+            room = turn_past[0] if turn_past else None
             if room is None or (room > -math.inf
                                 and not _fits_beyond(queue.remaining, fast_rows, room)):
                 whole = True
@@ -512,6 +510,7 @@ class FairwayPolicy(FastLanePolicy):
         fast_whole: bool,
         shared: bool = False,
         merged: tuple[list[int], list[str], list[str]] | None = None,
+        turn_past: list[float] | None = None,
     ) -> Ordering | None:
         """`decide` from known prefixes of the two lanes whose merge places every running
         prefill and the scan's head. None when the Fast lane passed over its whole known prefix
@@ -519,9 +518,9 @@ class FairwayPolicy(FastLanePolicy):
         (nothing was changed). `shared`: several classes share the step, so it is contested
         whenever its requests ask for more than it has; `merged`: the placements (keys, lanes,
         charges) made by the caller (the tenants' interleave of their own lanes), in place of
-        the two lanes' merge, whose ledgers then stay reset."""
+        the two lanes' merge, whose ledgers then stay reset. `turn_past`: `merge`'s (where the
+        Fast lane's turn came at the end of `fast`), for the caller's test of a None answer."""
         self._pending = None
-        self._turn_past.clear()
         front_held = self._front_held  # consumed only by a decision (not by a None answer)
         m = len(step.prefilling)
         if n + m == 0:
@@ -537,7 +536,7 @@ class FairwayPolicy(FastLanePolicy):
             start = (self.ledger.fast, self.ledger.fair) if contested else None
             keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots,
                                          tokens, fit=contested, skipped=passed,
-                                         turn_past=self._turn_past)
+                                         turn_past=turn_past)
         if passed and not fast_whole and passed.union(keys).issuperset(fast):
             return None
         rows = [k for k in keys if k >= 0]

@@ -207,8 +207,8 @@ def merge(
                 lanes.append(FAST)
                 charged.append(FAIR if key == front and long_front else FAST)
             else:
-                if (turn_past is not None and not turn_past and whole_fast
-                        and fast_pos == n_fast and ledger[0] <= ledger[1]):
+                if (fast_pos == n_fast and whole_fast and turn_past is not None
+                        and not turn_past and ledger[0] <= ledger[1]):
                     room = tokens - placed_work
                     turn_past.append(room if check_fit and room > 0 else -math.inf)
                 key = fair_keys[fair_pos]

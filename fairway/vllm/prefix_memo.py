@@ -187,28 +187,6 @@ class PrefixMemo:
             self._pending_sorted = False
         pending.append(hit)
 
-    def add_many(
-        self, requests: list[Request], slots: list[int], arrivals: list[float],
-        num_tokens: list[int], max_tokens: int,
-    ) -> None:
-        """`add` for each request in turn (oversized: more than `max_tokens` tokens)."""
-        block_size, hits, pending = self.block_size, self.hits, self._pending
-        is_sorted = self._pending_sorted
-        latest = pending[-1].arrival if pending else None
-        for request, slot, arrival, tokens in zip(requests, slots, arrivals, num_tokens,
-                                                  strict=True):
-            hit = PrefixHit(request, slot, arrival, tokens, (tokens - 1) // block_size)
-            hits[slot] = hit
-            if tokens > max_tokens:
-                hit.oversized = hit.probed = True  # never looked up: it cannot be admitted
-                continue
-            if is_sorted and latest is not None and arrival < latest:
-                is_sorted = False
-            latest = arrival
-            pending.append(hit)
-        self._pending_sorted = is_sorted
-        self.cached[np.array(slots, dtype=np.intp)] = 0
-
     def remove(self, slot: int) -> None:
         """Drop the memo of a slot (its request left the queue)."""
         hit = self.hits[slot]

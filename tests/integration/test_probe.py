@@ -207,6 +207,48 @@ def _full_node(offline, helpers, policy="lpm", num_waiting=10):
     return sched, waiting
 
 
+@pytest.mark.parametrize("classify", [False, True])
+def test_a_batch_of_arrivals_takes_the_slots_and_columns_one_by_one_would(classify):
+    """`QueueSlots.add_many` (the probe's batch of noted arrivals) against `add` per request:
+    the same slots in the same order, the same columns, counters and free list, through the
+    table's growth, oversized and preempted requests and tenant / priority classes."""
+    from vllm.v1.request import RequestStatus
+
+    from fairway.vllm.queue_slots import QueueSlots
+
+    @dataclasses.dataclass(eq=False)
+    class Arrival:
+        status: RequestStatus
+        tenant: int
+        priority: int
+
+    rng = random.Random(7)
+    statuses = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+    batch = [Arrival(rng.choice(statuses), rng.randrange(3), rng.randrange(2)) for _ in range(150)]
+    arrivals = [rng.uniform(0, 9) for _ in batch]
+    tokens = [rng.choice((100, 5_000, 9_000)) for _ in batch]
+
+    def table() -> QueueSlots:
+        slots = QueueSlots(max_tokens=8_000,
+                           classify=(lambda r: (r.tenant, r.priority)) if classify else None)
+        for r in batch[:20]:  # some slots taken and some freed first
+            slots.add(r, 0.0, 100)
+        for r in batch[:20:3]:
+            slots.remove(slots.slot_of[r])
+        return slots
+
+    one, many = table(), table()
+    rest = [r for r in batch if r not in one.slot_of]
+    ids = [batch.index(r) for r in rest]
+    want = [one.add(r, arrivals[i], tokens[i]) for r, i in zip(rest, ids, strict=True)]
+    got = many.add_many(rest, [arrivals[i] for i in ids], [tokens[i] for i in ids])
+    assert got == want
+    assert many.slot_of == one.slot_of and many._free == one._free
+    assert (many.num_special, many.num_classified) == (one.num_special, one.num_classified)
+    for column in ("_live", "_given", "_arrival", "_prompt", "_tenant", "_priority", "_kind"):
+        assert np.array_equal(getattr(many, column), getattr(one, column)), column
+
+
 def test_a_burst_is_probed_oldest_first_within_the_budget(offline, helpers):
     """Rule: at most `probe_budget` new requests are looked up per step, oldest first; one not
     looked up yet counts as a miss (h = 0). The order is exact after ceil(burst / budget) steps."""
