@@ -229,6 +229,10 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
     "--sizes 1000 10000":
         Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
+    ".venv/bin/python benchmarks/overhead_against.py --rev e9c2d6a --turns 2 --out "
+    "results/overhead -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
+        Entry("PARSE", "minutes of engine steps from two trees, taking turns; "
+              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md

@@ -153,3 +153,58 @@ def test_a_run_without_a_tier_arm_keeps_its_config_and_rejects_tier_options():
         bench.main(["--policies", "fairway+bogus"])
     assert bench.arm_parts("fairway+tenants+tier") == ("fairway", frozenset({"tenants", "tier"}))
     assert bench.base_arm("fairway+tier") == "vllm+tier" and bench.base_arm("lpm") == "vllm"
+
+
+AGAINST = SCRIPT.with_name("overhead_against.py")
+
+
+def _load_against():
+    spec = importlib.util.spec_from_file_location("overhead_against", AGAINST)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not (SCRIPT.parents[1] / ".git").exists(), reason="needs a git checkout")
+def test_the_step_against_a_revision_takes_turns_and_pairs_each_turn(tmp_path, capsys):
+    """`overhead_against.py`: the harness from a worktree of the revision and from this tree, one
+    JSON per side and turn, the table of the means (HEAD against itself at a tiny size)."""
+    against = _load_against()
+    text = against.main(["--rev", "HEAD", "--turns", "1", "--out", str(tmp_path), "--",
+                         "--sizes", "40", "--policies", "fairway", "--kinds", "admit",
+                         "prefilling", "--steps", "8", "--rounds", "2", "--warmup", "1",
+                         "--prefixes", "4", "--no-memory"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["after-1.json", "before-1.json",
+                                                           "table.md"]
+    rows = [line for line in text.splitlines() if line.startswith("| 40 |")]
+    kinds = [row.split(" | ")[1] for row in rows]
+    assert {"admit", "prefilling"} <= set(kinds) <= {"admit", "busy", "prefilling"}
+    assert all(row.split(" | ")[2] == "fairway" for row in rows)
+    for row in rows:
+        cells = row.strip("|").split(" | ")
+        assert cells[3] != "-" and cells[4] != "-"  # both sides measured
+    assert "HEAD (before) against this tree (after), 1 turns each" in (tmp_path / "table.md"
+                                                                       ).read_text()
+
+
+def test_the_means_over_turns_pair_each_arm_with_vllm_of_its_own_turn():
+    against = _load_against()
+
+    def report(vllm_ms: float, arm_ms: float) -> dict:
+        row = {"waiting": 1_000, "kind": "admit", "admitted_mean": 1.5, "own_median_ms": 0.3}
+        return {"results": [
+            {**row, "arm": "vllm", "median_ms": vllm_ms, "vllm_median_ms": vllm_ms},
+            {**row, "arm": "fairway", "median_ms": arm_ms, "vllm_median_ms": vllm_ms + 0.1},
+        ]}
+
+    means = against.mean_rows([report(1.0, 1.4), report(2.0, 2.6)])
+    got = means[(1_000, "admit", "fairway")]
+    assert got["added"] == pytest.approx(0.5) and got["vllm_added"] == pytest.approx(0.1)
+    text = against.table([report(1.0, 2.0)], [report(1.0, 1.4)], {(1_000, "admit"): 0.5})
+    assert "| 1,000 | admit | fairway | +1.000 | +0.400 | 0.5 | yes | 0.300 | 0.300 |" in text
+
+
+def test_an_unknown_revision_is_refused_with_why(tmp_path):
+    against = _load_against()
+    with pytest.raises(SystemExit, match="cannot check out 'no-such-rev'"):
+        against.main(["--rev", "no-such-rev", "--out", str(tmp_path), "--", "--sizes", "40"])
