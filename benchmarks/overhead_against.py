@@ -9,9 +9,10 @@ the harness, whose "added" pairs an arm with vLLM's own scheduler in that same r
 
 The table gives, per size, step kind and policy, the mean over the turns of: the added median
 (the arm's median minus vLLM's, the quantity `scheduler_overhead.GOALS_MS` bounds) before and
-after, the goal and whether the after side meets it, Fairway's own median before and after, how
-much of the added median is vLLM's own part running longer (more requests started), and the
-requests started per step (after).
+after, the goal and whether the after side meets it, the same for the own added median (Fairway's
+own median minus vLLM's arm's, `scheduler_overhead.own_added_ms`), Fairway's own median before
+and after, how much of the added median is vLLM's own part running longer (more requests
+started), and the requests started per step (after).
 
 Run: `python benchmarks/overhead_against.py --rev e9c2d6a --turns 2 --out results/overhead --
 --policies fairway fairway-step --sizes 1000 10000 --no-memory` (the arguments after `--` go to
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HARNESS = Path("benchmarks") / "scheduler_overhead.py"
 SIDES = ("before", "after")
 KINDS = ("full", "admit", "busy", "prefilling", "burst")
-FIELDS = ("added", "own", "vllm_added", "started")
+FIELDS = ("added", "own", "own_added", "vllm_added", "started")
 
 
 def _run_harness(tree: Path, args: Sequence[str], json_path: Path) -> None:
@@ -62,6 +63,7 @@ def rows_of(report: dict[str, Any]) -> dict[tuple[int, str, str], dict[str, floa
         rows[(r["waiting"], r["kind"], r["arm"])] = {
             "added": r["median_ms"] - b["median_ms"],
             "own": r["own_median_ms"],
+            "own_added": r["own_median_ms"] - b["own_median_ms"],
             "vllm_added": r["vllm_median_ms"] - b["vllm_median_ms"],
             "started": r.get("admitted_mean"),
         }
@@ -92,21 +94,24 @@ def table(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
     def cell(value: float | None, spec: str = "+.3f") -> str:
         return "-" if value is None else format(value, spec)
 
+    def met(value: float | None, goal: float | None) -> str:
+        return "-" if goal is None or value is None else ("yes" if value <= goal else "no")
+
     lines = [
         "| waiting | step kind | arm | added ms before | added ms after | goal ms | met after | "
-        "Fairway's own ms before | own after | vLLM's part of added, after | "
-        "started per step, after |",
-        "|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        "own added ms before | own added after | own met after | Fairway's own ms before | "
+        "own after | vLLM's part of added, after | started per step, after |",
+        "|---:|---|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for key in sorted(new, key=lambda k: (k[0], KINDS.index(k[1]), k[2])):
         waiting, kind, arm = key
         was, now = old.get(key, dict.fromkeys(FIELDS)), new[key]
         goal = goals.get((waiting, kind))
-        added = now["added"]
-        met = "-" if goal is None or added is None else ("yes" if added <= goal else "no")
         lines.append(
-            f"| {waiting:,} | {kind} | {arm} | {cell(was['added'])} | {cell(added)} | "
-            f"{'-' if goal is None else f'{goal:g}'} | {met} | {cell(was['own'], '.3f')} | "
+            f"| {waiting:,} | {kind} | {arm} | {cell(was['added'])} | {cell(now['added'])} | "
+            f"{'-' if goal is None else f'{goal:g}'} | {met(now['added'], goal)} | "
+            f"{cell(was['own_added'])} | {cell(now['own_added'])} | "
+            f"{met(now['own_added'], goal)} | {cell(was['own'], '.3f')} | "
             f"{cell(now['own'], '.3f')} | {cell(now['vllm_added'])} | "
             f"{cell(now['started'], '.2f')} |"
         )

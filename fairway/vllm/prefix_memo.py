@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -186,6 +186,47 @@ class PrefixMemo:
         if pending and self._pending_sorted and arrival < pending[-1].arrival:
             self._pending_sorted = False
         pending.append(hit)
+
+    def add_many(
+        self,
+        requests: Sequence[Request],
+        slots: Sequence[int],
+        arrivals: Sequence[float],
+        num_tokens: Sequence[int],
+        max_tokens: int,
+    ) -> None:
+        """`add` for each request in turn (oversized: more than `max_tokens` tokens), in one
+        batch: the same memos and the same pending order.
+        # speed: see `PrefixProbe._register_noted`
+        """
+        block_size, hits = self.block_size, self.hits
+        made = [
+            PrefixHit(request, slot, arrival, tokens, (tokens - 1) // block_size)
+            for request, slot, arrival, tokens in zip(
+                requests, slots, arrivals, num_tokens, strict=True
+            )
+        ]
+        for slot, hit in zip(slots, made, strict=True):
+            hits[slot] = hit
+        self.cached[list(slots)] = 0
+        fresh = made
+        if max(num_tokens, default=0) > max_tokens:
+            fresh = []
+            for hit in made:
+                if hit.num_tokens > max_tokens:
+                    hit.oversized = hit.probed = True  # never looked up (see `add`)
+                else:
+                    fresh.append(hit)
+        if not fresh:
+            return
+        pending = self._pending
+        if self._pending_sorted:
+            times = [hit.arrival for hit in fresh]
+            if pending:
+                times.insert(0, pending[-1].arrival)
+            if any(later < earlier for earlier, later in pairwise(times)):
+                self._pending_sorted = False
+        pending += fresh
 
     def remove(self, slot: int) -> None:
         """Drop the memo of a slot (its request left the queue)."""
@@ -469,13 +510,78 @@ class PrefixMemo:
             pending.sort(key=_arrival_of)  # stable: equal arrivals keep their order of arrival
             self._pending_sorted = True
         budget, k = self.probe_budget, 0
+        batch: list[PrefixHit] = []
         while k < len(pending) and budget:
             hit = pending[k]
             k += 1
             if hit.slot >= 0 and not hit.probed:
-                self._first(hit)
+                batch.append(hit)
                 budget -= 1
         del pending[:k]
+        if self.incremental:
+            self._first_many(batch)
+        else:
+            for hit in batch:
+                self._first(hit)
+
+    def _first_many(self, batch: list[PrefixHit]) -> None:
+        """`_first` of each hit in turn (incremental path): the same hits, hints and indexes.
+
+        One loop with its lookups hoisted, and the common case inlined: the hint for the first
+        block is the hit (its last block cached, the next one not), as for requests sharing a
+        document or system prompt; else `cached_prefix_near` searches as `_lookup` does.
+        # speed: scheduler_overhead.py's burst of 1,000, the probe's first lookups: see
+        # docs/results.md (measured with this loop against `_first` per hit)
+        """
+        cache = self._cache
+        assert cache is not None
+        manager, hints, suffix = self._manager, self.hints, GROUP0_SUFFIX
+        lookup_enabled = internals.prefix_cache_lookup_enabled
+        block_size, cached = self.block_size, self.cached
+        by_next, by_last = self.by_next, self.by_last
+        set_slow = self._set
+        rows: list[int] = []
+        values: list[int] = []
+        for hit in batch:
+            hit.probed = True
+            request = hit.request
+            if not lookup_enabled(manager, request):
+                continue  # vLLM skips the lookup for this request: h = 0
+            self.num_full_lookups += 1
+            hashes = request.block_hashes
+            limit = len(hashes)
+            if hit.max_blocks < limit:
+                limit = hit.max_blocks
+            if not limit:
+                set_slow(hit, 0)
+                continue
+            first = hashes[0]
+            guess = hints.get(first, 0)
+            if guess > limit:
+                guess = limit
+            if guess and hashes[guess - 1] + suffix in cache and (
+                guess == limit or hashes[guess] + suffix not in cache
+            ):
+                blocks = guess  # what `cached_prefix_near` finds from this guess
+            else:
+                blocks = cached_prefix_near(cache, hashes, guess, limit)
+            if len(hints) >= _MAX_HINTS:
+                hints.clear()
+            hints[first] = blocks
+            if hit.next_key is not None or hit.last_key is not None:
+                set_slow(hit, blocks)  # indexed before (not by a fresh registration)
+                continue
+            hit.blocks = blocks
+            rows.append(hit.slot)
+            values.append(blocks * block_size)
+            if blocks:  # indexed as `_set` indexes it (`_move` from no key)
+                hit.last_key = key = hashes[blocks - 1] + suffix
+                by_last.setdefault(key, set()).add(hit)
+            if blocks < limit:
+                hit.next_key = key = hashes[blocks] + suffix
+                by_next.setdefault(key, set()).add(hit)
+        if rows:
+            cached[rows] = values
 
     def check_map(self) -> None:
         """After `reset_prefix_cache()` (a new hash map) every memo is stale: probe again."""

@@ -189,9 +189,7 @@ class PrefixProbe:
         slots = self.slots.add_many(new, arrivals, num_tokens)
         if len(self.memo.hits) < self.slots.capacity:
             self.memo.resize(self.slots.capacity)
-        add, max_tokens = self.memo.add, self.max_tokens
-        for request, slot, arrival, tokens in zip(new, slots, arrivals, num_tokens, strict=True):
-            add(request, slot, arrival, tokens, tokens > max_tokens)
+        self.memo.add_many(new, slots, arrivals, num_tokens, self.max_tokens)
         self.slots.note_arrivals(new, slots)
 
     def invalidate(self, request: Request) -> None:

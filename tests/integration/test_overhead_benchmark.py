@@ -95,6 +95,26 @@ def test_the_goal_is_judged_on_the_added_median():
     assert bench.goal_met(vllm, vllm) == "-"
 
 
+def test_the_own_added_median_is_paired_with_vllms_glue_and_judged_apart():
+    """Own added = Fairway's own median minus vLLM's arm's own median (the harness's glue), same
+    kind, size and run; it is judged by the same goals, apart from the added median: a step that
+    starts more requests than vLLM's (vLLM's admissions of them in the arm's vLLM part) can miss
+    the one and meet the other."""
+    bench = _load()
+    vllm = bench.ArmResult("vllm", "burst", 1_000, median_ms=6.0, p90_ms=6.5, own_median_ms=1.0)
+    row = bench.ArmResult("fairway", "burst", 1_000, median_ms=18.0, p90_ms=19.0,
+                          own_median_ms=9.5)
+    assert bench.added_ms(row, vllm) == 12.0 and bench.goal_met(row, vllm) == "no"
+    assert bench.own_added_ms(row, vllm) == 8.5 and bench.own_goal_met(row, vllm) == "yes"
+    row.own_median_ms = 11.5
+    assert bench.own_goal_met(row, vllm) == "no"
+    assert bench.own_added_ms(vllm, vllm) is None and bench.own_goal_met(vllm, vllm) == "-"
+    assert bench.own_goal_met(row, None) == "-"
+    table = bench.markdown([vllm, row])
+    assert "| 1,000 | burst | Fairway (fairway) | 18.000 | 19.000 | +12.000 | no | +10.500 | no |" \
+        in table
+
+
 def test_the_speed_view_scales_own_times_by_vllms_admitting_step():
     """A run where vLLM's own admitting step at 1,000 waiting took 2.8 ms ran 2x slower than the
     reference machine's 1.4 ms: Fairway's own times at 1,000 waiting are halved in the second
@@ -190,18 +210,23 @@ def test_the_step_against_a_revision_takes_turns_and_pairs_each_turn(tmp_path, c
 def test_the_means_over_turns_pair_each_arm_with_vllm_of_its_own_turn():
     against = _load_against()
 
-    def report(vllm_ms: float, arm_ms: float) -> dict:
-        row = {"waiting": 1_000, "kind": "admit", "admitted_mean": 1.5, "own_median_ms": 0.3}
+    def report(vllm_ms: float, arm_ms: float, own_ms: float = 0.3) -> dict:
+        row = {"waiting": 1_000, "kind": "admit", "admitted_mean": 1.5}
         return {"results": [
-            {**row, "arm": "vllm", "median_ms": vllm_ms, "vllm_median_ms": vllm_ms},
-            {**row, "arm": "fairway", "median_ms": arm_ms, "vllm_median_ms": vllm_ms + 0.1},
+            {**row, "arm": "vllm", "median_ms": vllm_ms, "vllm_median_ms": vllm_ms,
+             "own_median_ms": 0.02},
+            {**row, "arm": "fairway", "median_ms": arm_ms, "vllm_median_ms": vllm_ms + 0.1,
+             "own_median_ms": own_ms},
         ]}
 
-    means = against.mean_rows([report(1.0, 1.4), report(2.0, 2.6)])
+    means = against.mean_rows([report(1.0, 1.4), report(2.0, 2.6, own_ms=0.5)])
     got = means[(1_000, "admit", "fairway")]
     assert got["added"] == pytest.approx(0.5) and got["vllm_added"] == pytest.approx(0.1)
-    text = against.table([report(1.0, 2.0)], [report(1.0, 1.4)], {(1_000, "admit"): 0.5})
-    assert "| 1,000 | admit | fairway | +1.000 | +0.400 | 0.5 | yes | 0.300 | 0.300 |" in text
+    assert got["own"] == pytest.approx(0.4) and got["own_added"] == pytest.approx(0.38)
+    text = against.table([report(1.0, 2.0)], [report(1.0, 1.6, own_ms=0.45)],
+                         {(1_000, "admit"): 0.5})
+    assert ("| 1,000 | admit | fairway | +1.000 | +0.600 | 0.5 | no | +0.280 | +0.430 | yes | "
+            "0.300 | 0.450 |") in text
 
 
 def test_an_unknown_revision_is_refused_with_why(tmp_path):

@@ -585,3 +585,71 @@ def test_the_requests_a_step_started_are_the_new_and_the_resumed():
     assert list(started_ids(output)) == ["new1", "new2"]
     output.scheduled_cached_reqs = SimpleNamespace(req_ids=["run", "back"])
     assert list(started_ids(output)) == list(scheduled)
+
+
+def test_a_batch_of_first_lookups_finds_what_one_by_one_finds(offline, helpers):
+    """`PrefixMemo.add_many` and the pending batch's `_first_many` (a burst's registration and
+    first lookups) against `add` and `_first` per request, on the same cache: the same hits,
+    cached-tokens column, growth and eviction keys and indexes, first-block hints, pending order
+    and lookup count. The requests cover what the inlined path must get right: a hint that is
+    the hit, a hint past the hit (a shorter prefix of the same document), no hint, a hint beyond
+    a request's own longest possible hit, a prompt cached whole, a miss, a request that skips
+    the prefix cache (prompt logprobs), an oversized one and arrivals out of order."""
+    from fairway.vllm.prefix_memo import PrefixMemo
+
+    sched = offline.make_offline_scheduler(
+        "fcfs", num_blocks=400, max_num_batched_tokens=4_096, max_num_seqs=8
+    )
+    doc_a, doc_b = helpers.tokens(1, 640), helpers.tokens(10_000, 320)  # 40 and 20 blocks
+    for rid, prompt in (("A", doc_a), ("B", doc_b[:160])):  # B: only its first 10 blocks
+        sched.add_request(offline.make_request(rid, prompt + [9], 0.0))
+    offline.run_until_idle(sched)
+    rng = random.Random(3)
+    prompts = [
+        doc_a + helpers.tokens(20_000, 40),  # the whole document cached: the hint to come
+        doc_a + helpers.tokens(21_000, 100),  # hint right
+        doc_a[:300] + helpers.tokens(22_000, 50),  # hint past its hit: gallop down
+        doc_b + helpers.tokens(23_000, 30),  # no hint yet, 10 blocks cached
+        doc_b[:100],  # hint beyond its own longest hit
+        doc_a[:320],  # cached whole (its last token never counts)
+        helpers.tokens(30_000, 200),  # a miss
+        doc_a + helpers.tokens(24_000, 7),
+        helpers.tokens(40_000, 9_000),  # oversized
+        doc_b + helpers.tokens(25_000, 60),
+    ]
+    requests = []
+    for i, prompt in enumerate(prompts):
+        extra = {"prompt_logprobs": 1} if i == 7 else {}  # vLLM skips its lookup: h = 0
+        requests.append(offline.make_request(f"r{i}", prompt, rng.uniform(0, 5), **extra))
+    assert requests[7].skip_reading_prefix_cache
+    manager = sched.kv_cache_manager
+    one, many = PrefixMemo(manager), PrefixMemo(manager)
+    for memo in (one, many):
+        memo.resize(len(requests))
+    arrivals = [r.arrival_time for r in requests]
+    tokens = [r.num_tokens for r in requests]
+    max_tokens = 8_000
+    for slot, request in enumerate(requests):
+        one.add(request, slot, arrivals[slot], tokens[slot], tokens[slot] > max_tokens)
+    many.add_many(requests, list(range(len(requests))), arrivals, tokens, max_tokens)
+    assert [h.request for h in many._pending] == [h.request for h in one._pending]
+    assert many._pending_sorted == one._pending_sorted is False
+    for hit in sorted(one._pending, key=lambda h: h.arrival):  # what the batch does in one go
+        one._first(hit)
+    assert many.incremental
+    many._probe_pending()
+    assert not many._pending
+    assert np.array_equal(many.cached, one.cached)
+    for a, b in zip(one.hits, many.hits, strict=True):
+        assert (a.blocks, a.next_key, a.last_key, a.probed, a.oversized) == (
+            b.blocks, b.next_key, b.last_key, b.probed, b.oversized
+        ), a.request.request_id
+    for name in ("by_next", "by_last"):
+        ours = {key: sorted(h.slot for h in hits) for key, hits in getattr(many, name).items()}
+        theirs = {key: sorted(h.slot for h in hits) for key, hits in getattr(one, name).items()}
+        assert ours == theirs, name
+    assert many.hints == one.hints and many.num_full_lookups == one.num_full_lookups
+    for slot, request in enumerate(requests):  # and they are vLLM's own hits
+        if slot != 8:
+            assert many.cached_tokens(slot) == many.fresh_cached_tokens(request)
+    assert many.cached[2] == 288 and many.cached[5] == 304 and many.cached[7] == 0
