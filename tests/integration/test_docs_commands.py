@@ -233,6 +233,11 @@ COMMANDS: dict[str, Entry] = {
     "results/overhead -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
         Entry("PARSE", "minutes of engine steps from two trees, taking turns; "
               "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
+    ".venv/bin/python benchmarks/overhead_against.py --rev 29e27d5 --turns 3 --out "
+    "results/overhead-burst -- --policies fairway fairway-step --sizes 1000 --kinds burst "
+    "--bursts 9 --no-memory":
+        Entry("PARSE", "minutes of bursts from two trees, taking turns; "
+              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md
