@@ -799,14 +799,18 @@ def added_ms(result: ArmResult, base: ArmResult | None) -> float | None:
     return result.median_ms - base.median_ms
 
 
-def goal_met(result: ArmResult, base: ArmResult | None) -> str:
-    """Yes/no: the added median (`added_ms` against `base`, vLLM's row of the same kind and size
-    in the same run) against `GOALS_MS`; "-": no goal, vLLM's arm, or no vLLM row."""
+def _judged(result: ArmResult, added: float | None) -> str:
+    """Yes/no: `added` (ms) against the goal of `result`'s size and kind; "-": none of either."""
     goal = GOALS_MS.get((result.waiting, result.kind))
-    added = added_ms(result, base)
     if goal is None or added is None:
         return "-"
     return "yes" if added <= goal else "no"
+
+
+def goal_met(result: ArmResult, base: ArmResult | None) -> str:
+    """Yes/no: the added median (`added_ms` against `base`, vLLM's row of the same kind and size
+    in the same run) against `GOALS_MS`; "-": no goal, vLLM's arm, or no vLLM row."""
+    return _judged(result, added_ms(result, base))
 
 
 def own_added_ms(result: ArmResult, base: ArmResult | None) -> float | None:
@@ -820,11 +824,7 @@ def own_added_ms(result: ArmResult, base: ArmResult | None) -> float | None:
 
 def own_goal_met(result: ArmResult, base: ArmResult | None) -> str:
     """Yes/no: the own added median (`own_added_ms`) against `GOALS_MS`; "-" as `goal_met`."""
-    goal = GOALS_MS.get((result.waiting, result.kind))
-    added = own_added_ms(result, base)
-    if goal is None or added is None:
-        return "-"
-    return "yes" if added <= goal else "no"
+    return _judged(result, own_added_ms(result, base))
 
 
 def markdown(results: list[ArmResult]) -> str:

@@ -197,8 +197,8 @@ class PrefixMemo:
     ) -> None:
         """`add` for each request in turn (oversized: more than `max_tokens` tokens), in one
         batch: the same memos and the same pending order.
-        # speed: 1,000 arrivals, in one process taking turns with `add` per request: 0.60 ->
-        # 0.51 ms (best of 16), 1.22 -> 0.77 ms (median)
+        # speed: benchmarks/probe_batch.py, 1,000 arrivals against `add` per request: 0.44 ->
+        # 0.41 ms best, 0.89 -> 0.66 ms median of 16 turns
         """
         block_size, hits = self.block_size, self.hits
         made = [
@@ -531,10 +531,9 @@ class PrefixMemo:
         One loop with its lookups hoisted, and the common case inlined: the hint for the first
         block is the hit (its last block cached, the next one not), as for requests sharing a
         document or system prompt; else `cached_prefix_near` searches as `_lookup` does.
-        # speed: 1,000 first lookups of a burst (40 shared 8,192-token prefixes, 1-8,193 tokens
-        # after them), in one process taking turns: 2.2 -> 1.1 ms and 4.0 -> 2.6 ms (best of 15,
-        # the same memos looked up again), 3.9 -> 3.0 ms (best of 16, new requests each turn)
-        # against `_first` per hit; scheduler_overhead.py's burst of 1,000: docs/results.md
+        # speed: benchmarks/probe_batch.py, 1,000 first lookups of a burst against `_first` per
+        # hit: 3.5 -> 2.3 ms best, 6.1 -> 3.8 ms median of 16 turns; the whole burst step:
+        # docs/results.md
         """
         cache = self._cache
         assert cache is not None
@@ -542,10 +541,9 @@ class PrefixMemo:
         lookup_enabled = internals.prefix_cache_lookup_enabled
         block_size, cached = self.block_size, self.cached
         by_next, by_last = self.by_next, self.by_last
-        set_slow = self._set
         rows: list[int] = []
         values: list[int] = []
-        for hit in batch:
+        for hit in batch:  # unprobed: no keys yet (`add`, or reset by `check_map`)
             hit.probed = True
             request = hit.request
             if not lookup_enabled(manager, request):
@@ -555,25 +553,21 @@ class PrefixMemo:
             limit = len(hashes)
             if hit.max_blocks < limit:
                 limit = hit.max_blocks
-            if not limit:
-                set_slow(hit, 0)
-                continue
-            first = hashes[0]
-            guess = hints.get(first, 0)
-            if guess > limit:
-                guess = limit
-            if guess and hashes[guess - 1] + suffix in cache and (
-                guess == limit or hashes[guess] + suffix not in cache
-            ):
-                blocks = guess  # what `cached_prefix_near` finds from this guess
-            else:
-                blocks = cached_prefix_near(cache, hashes, guess, limit)
-            if len(hints) >= _MAX_HINTS:
-                hints.clear()
-            hints[first] = blocks
-            if hit.next_key is not None or hit.last_key is not None:
-                set_slow(hit, blocks)  # indexed before (not by a fresh registration)
-                continue
+            blocks = 0
+            if limit:
+                first = hashes[0]
+                guess = hints.get(first, 0)
+                if guess > limit:
+                    guess = limit
+                if guess and hashes[guess - 1] + suffix in cache and (
+                    guess == limit or hashes[guess] + suffix not in cache
+                ):
+                    blocks = guess  # what `cached_prefix_near` finds from this guess
+                else:
+                    blocks = cached_prefix_near(cache, hashes, guess, limit)
+                if len(hints) >= _MAX_HINTS:
+                    hints.clear()
+                hints[first] = blocks
             hit.blocks = blocks
             rows.append(hit.slot)
             values.append(blocks * block_size)

@@ -238,6 +238,9 @@ COMMANDS: dict[str, Entry] = {
     "--bursts 9 --no-memory":
         Entry("PARSE", "minutes of bursts from two trees, taking turns; "
               "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
+    ".venv/bin/python benchmarks/probe_batch.py":
+        Entry("PARSE", "a timing run of ~45 s; tests/integration/test_overhead_benchmark.py "
+              "runs it at a tiny size"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md

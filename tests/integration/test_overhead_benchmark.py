@@ -233,3 +233,17 @@ def test_an_unknown_revision_is_refused_with_why(tmp_path):
     against = _load_against()
     with pytest.raises(SystemExit, match="cannot check out 'no-such-rev'"):
         against.main(["--rev", "no-such-rev", "--out", str(tmp_path), "--", "--sizes", "40"])
+
+
+def test_the_probe_batch_benchmark_times_both_forms_of_both_parts(capsys):
+    """`benchmarks/probe_batch.py` at a tiny size: both parts (memos, first lookups) in both forms
+    (one by one, batch), each a best and a median over the turns, in the printed table."""
+    spec = importlib.util.spec_from_file_location("probe_batch", SCRIPT.with_name("probe_batch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    summary = module.main(["--size", "20", "--turns", "2", "--prefixes", "2"])
+    assert set(summary) == {"memos", "first lookups"}
+    for by_form in summary.values():
+        assert set(by_form) == {"one by one", "batch"}
+        assert all(0 < best <= median for best, median in by_form.values())
+    assert "| first lookups, batch |" in capsys.readouterr().out
