@@ -33,6 +33,7 @@ from fairway.policies.queue import (
     Step,
     StepBudget,
     StepPlan,
+    TokenReach,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "Step",
     "StepBudget",
     "StepPlan",
+    "TokenReach",
     "arrival_order",
     "get",
     "names",

@@ -36,6 +36,7 @@ from fairway.policies.queue import (
     QueuedRequest,
     Step,
     StepPlan,
+    TokenReach,
     head_order,
 )
 from fairway.policies.shares import (
@@ -254,12 +255,18 @@ class FairwayPolicy(FastLanePolicy):
         running = [p.view() for p in step.prefilling]
         scores = self.scores(queue, step.now) if n else np.zeros(0)
         head = n if step.budget is None or step.head is None else min(n, step.head)
-        reach = min(n, max(head, 1) + m)  # rows either lane may place in head + m placements
+        exact = None  # order only what vLLM's scan can read by tokens, if that is fewer
+        budget = step.budget
+        if (step.tokens_reach is not None and budget is not None and not self._release
+                and min(head, budget.free_slots - len(budget.ahead)) > EXACT_FIRST):
+            exact = ExactHead(EXACT_FIRST, step.tokens_reach, queue.unprobed)
+        # rows either lane may place in head + m placements
+        reach = min(n, max(head if exact is None else exact.count, 1) + m)
         fair_rows = fair_lane_head(queue.arrival, reach).tolist()
         run_scores = self.scores(QueueColumns.of(running), step.now).tolist() if m else []
         # the Fair lane: running prefills (by arrival, then position), then the waiting rows
-        fair = sorted(range(-1, -m - 1, -1), key=lambda k: (running[-k - 1].arrival, -k))
-        fair += fair_rows
+        fair_running = sorted(range(-1, -m - 1, -1), key=lambda k: (running[-k - 1].arrival, -k))
+        fair = fair_running + fair_rows
         queue_work = float(queue.remaining.sum())
         run_work = {-(j + 1): r.remaining for j, r in enumerate(running)}
         run_done = {-(j + 1): r.prompt_tokens - r.remaining for j, r in enumerate(running)}
@@ -280,9 +287,16 @@ class FairwayPolicy(FastLanePolicy):
             fast = _with_running(fast_rows, scores, queue.arrival, run_scores, running)
             turn_past: list[float] = []
             decided = self._decide(fast, fair, work, done, queue_work, n, step, queue.ids_of,
-                                   fast_whole=whole or len(fast_rows) >= n, turn_past=turn_past)
+                                   fast_whole=whole or len(fast_rows) >= n, turn_past=turn_past,
+                                   exact=exact)
             if decided is not None:
                 return decided
+            if exact is not None and exact.failed:  # the scan may read further: the whole head
+                exact, whole = None, False
+                reach = min(n, max(head, 1) + m)
+                fair_rows = fair_lane_head(queue.arrival, reach).tolist()
+                fair = fair_running + fair_rows
+                continue
             # The Fast lane passed over its whole known prefix. If its turn came at the end of
             # the prefix with a room no request beyond it fits, the whole lane passes over them
             # all there: the prefix decides as the whole lane (`merge`'s `turn_past`). Else widen.
@@ -511,6 +525,7 @@ class FairwayPolicy(FastLanePolicy):
         shared: bool = False,
         merged: tuple[list[int], list[str], list[str]] | None = None,
         turn_past: list[float] | None = None,
+        exact: ExactHead | None = None,
     ) -> Ordering | None:
         """`decide` from known prefixes of the two lanes whose merge places every running
         prefill and the scan's head. None when the Fast lane passed over its whole known prefix
@@ -529,29 +544,49 @@ class FairwayPolicy(FastLanePolicy):
             return Ordering([], [], StepPlan())
         contested, tokens, slots = self._contest(fast, fair, work, queue_work, n, step, shared,
                                                  merged is not None)
+        if exact is not None and (self._release or slots is None or slots <= exact.count):
+            # a released hold lets every running prefill get tokens; few slots bound the scan
+            exact.failed = True  # before the tokens do: order the whole head
+            return None
         passed: set[int] = set()
         if merged is not None:
             keys, lanes, charged = merged
         else:
             start = (self.ledger.fast, self.ledger.fair) if contested else None
-            keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, slots,
+            limit = slots if exact is None else exact.count
+            keys, lanes, charged = merge(fast, fair, work, self.fast_weight, start, limit,
                                          tokens, fit=contested, skipped=passed,
-                                         turn_past=turn_past)
+                                         turn_past=turn_past, rest=exact is None)
         if passed and not fast_whole and passed.union(keys).issuperset(fast):
             return None
         rows = [k for k in keys if k >= 0]
         row_lanes = [lane for k, lane in zip(keys, lanes, strict=True) if k >= 0]
+        if exact is not None:  # the first exact.count waiting placements, and the running after
+            if len(rows) < exact.count:
+                exact.failed = True
+                return None
+            end = keys.index(rows[exact.count - 1]) + 1
+            rows, row_lanes, charged = rows[: exact.count], row_lanes[: exact.count], charged[:end]
         order = head_order(rows, n) if len(rows) < n else np.asarray(rows, dtype=np.intp)
         lanes_out = row_lanes + [UNPLACED_LANE] * (n - len(rows))
         ids = dict(zip(rows, ids_of(rows), strict=True))
         ids.update({-(j + 1): p.request_id for j, p in enumerate(step.prefilling)})
         front_id = ids[fair[0]] if fair[0] in ids else ids_of([fair[0]])[0]
-        placed = {ids[k]: lane for k, lane in zip(keys, charged, strict=True)}
+        placed = {ids[k]: lane for k, lane in zip(keys[: len(charged)], charged, strict=True)}
+        if exact is not None and not contested and not exact.holds(
+            rows, work, len(placed) == len(rows) + m, exact.reach.threshold or math.inf
+        ):  # vLLM serves every running prefill: each must have its lane from the exact part
+            exact.failed = True
+            return None
         if not contested or slots is None:
             self._front_held = None
             return Ordering(order, lanes_out, StepPlan(front_id, budget=tokens, lanes=placed))
-        cap, hold = self._cap_and_hold(keys, work, done, tokens, slots, step, fair[0], ids,
-                                       front_held)
+        cap, hold, given = self._cap_and_hold(keys, work, done, tokens, slots, step, fair[0], ids,
+                                              front_held)
+        if exact is not None and not exact.holds(rows, work, sum(given[: len(charged)]) >= tokens,
+                                                 cap):
+            exact.failed = True
+            return None
         self._front_held = front_id if front_id in hold else None
         self._held, self._release, self._pending = bool(hold), False, placed
         plan = StepPlan(
@@ -607,8 +642,9 @@ class FairwayPolicy(FastLanePolicy):
         front: int,
         ids: dict[int, str],
         front_held: str | None,
-    ) -> tuple[int, set[str]]:
-        """The step's cap and the running prefills held back, from the grants in merge order."""
+    ) -> tuple[int, set[str], list[int]]:
+        """The step's cap, the running prefills held back, and the grants in merge order they
+        come from."""
         budget = step.budget
         assert budget is not None  # contested
         given = grants(keys, work, tokens, slots, done, budget.free_blocks, budget.block_size,
@@ -628,7 +664,7 @@ class FairwayPolicy(FastLanePolicy):
                 break
         if self._release:
             hold.clear()
-        return cap, hold
+        return cap, hold, given
 
     # --- after the step --------------------------------------------------------------------------
 
@@ -706,6 +742,42 @@ class FairwayPolicy(FastLanePolicy):
 
     def ledgers(self) -> dict[str, float]:
         return dataclasses.asdict(self.ledger)
+
+
+@dataclass(slots=True)
+class ExactHead:
+    """Order only the first `count` waiting placements of a step exactly, when vLLM's scan
+    surely stops among them (`TokenReach`) and nothing past them can get tokens: a contested
+    step's grants run out among them (the running prefills placed later are held), an
+    uncontested step places every running prefill among them (vLLM serves them all, each
+    charged to the lane that placed it).
+
+    A step that admits a few long prompts reads only a few positions, fewer than its free slots
+    (`Step.head`): the lanes' prefixes, the merge and the ids are then those of `count` waiting
+    requests instead of one per free slot. `failed` is set when the check does not hold (or the
+    last plan's hold is released, so that every running prefill may get tokens): the caller
+    then orders the whole head, and the step decides as if this were never tried.
+    # speed: benchmarks/scheduler_overhead.py prefilling 1000 fairway (64 slots): see
+    # docs/results.md ("Ordering only what the scan can read")
+    """
+
+    count: int
+    reach: TokenReach
+    unprobed: np.ndarray | None
+    failed: bool = False
+
+    def holds(self, rows: list[int], work: Mapping[int, int], settled: bool, cap: float) -> bool:
+        """Whether vLLM's scan, capped at `cap` per request, stops among `rows` (the exact
+        waiting placements, in order) and what lies past them is `settled`: the plan's grants
+        ran out within them (contested), or every running prefill was placed among them."""
+        if not settled:
+            return False
+        unknown = [False] * len(rows) if self.unprobed is None else self.unprobed[rows].tolist()
+        return self.reach.reached([work[k] for k in rows], unknown, float(cap)) is not None
+
+
+#: Waiting placements a contested step orders exactly first when the token reach applies.
+EXACT_FIRST = 8
 
 
 @dataclass(slots=True)

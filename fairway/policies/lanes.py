@@ -125,6 +125,7 @@ def merge(
     fit: bool = False,
     skipped: set[int] | None = None,
     turn_past: list[float] | None = None,
+    rest: bool = True,
 ) -> tuple[list[int], list[str], list[str]]:
     """The paper's merge of two lanes over the same requests.
 
@@ -151,6 +152,9 @@ def merge(
     the work placed so far is below `step_tokens`, a Fast-lane request whose work exceeds what
     is left is passed over by the Fast lane (it stays in the Fair lane, in its place there) and
     its key is added to `skipped`. Every partial start of a step is then the Fair lane's.
+
+    `rest` False (with `slots`): stop once the running prefills are placed after the slots,
+    leaving the other waiting requests unplaced (a caller that orders only that far).
 
     `turn_past` (given a lane prefix that the Fast lane may use up by passing over): the first
     time the Fast lane's turn comes with every key of `fast` placed or passed over, the room the
@@ -227,7 +231,8 @@ def merge(
     else:
         run(fast, fair, max(0, slots))
         run([k for k in fast if k < 0], [k for k in fair if k < 0], None, whole_fast=False)
-        run(fast, fair, None)
+        if rest:
+            run(fast, fair, None)
     return keys, lanes, charged
 
 

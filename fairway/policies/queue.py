@@ -138,6 +138,8 @@ class Step:
         prefilling: the running requests whose prefill is not finished (`plans_steps` only).
         tenant_weights: the weight of each tenant code (`QueueColumns.tenant`), for policies
             that share the step between tenants; a code past its end weighs 1.
+        tokens_reach: how vLLM's scan is bounded by tokens this step (`TokenReach`), when that
+            bound is known to hold (None: only `head` bounds it).
     """
 
     now: float
@@ -145,11 +147,49 @@ class Step:
     budget: StepBudget | None = None
     prefilling: Sequence[PrefillingRequest] = ()
     tenant_weights: tuple[float, ...] = ()
+    tokens_reach: TokenReach | None = None
 
     def weight_of(self, tenant: int) -> float:
         """The weight of tenant code `tenant` (1 when none is configured for it)."""
         weights = self.tenant_weights
         return weights[tenant] if 0 <= tenant < len(weights) else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenReach:
+    """What bounds vLLM's scan of the waiting queue by tokens in one step.
+
+    The scan gives each waiting request it starts min(its uncached tokens, the per-request cap,
+    the tokens left) and stops when none are left. Its uncached tokens can be fewer than the
+    probe saw, but only by a hit on blocks cached within the step, which at most `growth`
+    tokens make (`budget` scheduled, plus one partial block completed per scheduled request); a
+    request whose hit is not looked up yet may compute as little as 1. So the scan surely stops
+    at the first request k of an order at which the sum over the requests up to k of
+    max(1, min(uncached - growth, cap)) (1 for those not looked up) reaches `budget`: the
+    positions past k cannot be reached this step (docs/design.md, "How far vLLM reads").
+
+    Attributes:
+        budget: the step's whole token budget (at least what the scan has left when it starts).
+        growth: tokens by which a waiting request's hit can grow within the step.
+        threshold: vLLM's own per-request cap (`long_prefill_token_threshold`; 0: none), which
+            holds when a plan sets none.
+    """
+
+    budget: int
+    growth: int
+    threshold: int = 0
+
+    def reached(self, work: Sequence[float], unknown: Sequence[bool], cap: float) -> int | None:
+        """How many requests of an order (their uncached `work`, whether each hit is `unknown`)
+        the scan can reach under a per-request `cap` (inf: none): the count up to the one at
+        which it surely stops, or None when it may read past all of them."""
+        left = float(self.budget)
+        growth = self.growth
+        for k, (amount, blind) in enumerate(zip(work, unknown, strict=True)):
+            left -= 1.0 if blind else max(1.0, min(amount - growth, cap))
+            if left <= 0:
+                return k + 1
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +271,9 @@ class QueueColumns:
     #: them in the step that admits the row, which then computes nothing for it (the row waits
     #: for the copy and is computed from the next step on).
     tier_tokens: np.ndarray | None = None
+    #: True for a row whose hit is not looked up yet (its `cached_tokens` 0 says nothing: vLLM
+    #: may find any hit); None: every row's hit is known.
+    unprobed: np.ndarray | None = None
     #: Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64.
     remaining: np.ndarray = field(init=False, repr=False, compare=False)
 

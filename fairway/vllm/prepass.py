@@ -237,10 +237,12 @@ class StepPrepass:
         firsts = [(r.request_id, r.num_tokens - self.probe.cached_tokens(r)) for r in ahead]
         free = internals.free_slots(self.scheduler)
         head = internals.scan_bound(self.scheduler, free) if self.head_only else None
+        reach = internals.token_reach(self.scheduler) if head is not None else None
         budget = step_plan.step_budget(self.scheduler, decode_tokens, firsts, free)
         ordering = by_level(
             self.policy.ordering(
-                waiting, Step(now, head, budget, prefilling, tenant_weights=weights)
+                waiting, Step(now, head, budget, prefilling, tenant_weights=weights,
+                              tokens_reach=reach),
             ),
             waiting,
         )

@@ -117,8 +117,15 @@ class PrefixProbe:
                 self._release(slot)
         self.memo.advance()
         if self.tier is None or not current:
-            return self.slots.split(current, slots, self.memo.cached)
-        return self._split_with_tier(current, slots, self.tier)
+            snap = self.slots.split(current, slots, self.memo.cached)
+        else:
+            snap = self._split_with_tier(current, slots, self.tier)
+        unprobed = self.memo.unprobed_slots() if self.memo.has_pending else None
+        if unprobed and snap.columns is not None:
+            by_slot = np.zeros(self.slots.capacity, dtype=bool)
+            by_slot[unprobed] = True
+            snap.columns.unprobed = by_slot[snap.columns.slots]
+        return snap
 
     def _split_with_tier(self, current: list[Request], slots: np.ndarray,
                          tier: TierProbe) -> QueueSnapshot:

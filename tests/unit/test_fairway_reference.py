@@ -10,6 +10,7 @@ budget, contest, charges), the ledgers, and the state the next step reads.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import numpy as np
@@ -18,13 +19,20 @@ from hypothesis import strategies as st
 
 from fairway.policies import UNPLACED_LANE, PrefillingRequest, QueuedRequest, get
 from fairway.policies.fairway import FairwayPolicy, grants
-from fairway.policies.queue import QueueColumns, Step, StepBudget
+from fairway.policies.queue import QueueColumns, Step, StepBudget, StepPlan, TokenReach
 
 
 def _state(policy: FairwayPolicy) -> tuple:
     """What a later step of the rule reads."""
     return (dataclasses.astuple(policy.ledger), policy._pending, policy._front_held,
             policy._held, policy._release)
+
+
+def _served(plan: StepPlan) -> StepPlan:
+    """The plan as vLLM's step sees it: the held prefills leave the running list, so their
+    place in the running order is not read (nor the charges past the scan's head)."""
+    order = tuple(rid for rid in plan.running_order if rid not in plan.hold)
+    return dataclasses.replace(plan, lanes={}, running_order=order)
 
 
 def _request(rng: random.Random, i: int, now: float, levels: int, ties: bool) -> QueuedRequest:
@@ -39,17 +47,21 @@ def _request(rng: random.Random, i: int, now: float, levels: int, ties: bool) ->
     seed=st.integers(0, 100_000),
     size=st.sampled_from([1, 4, 12, 40, 120]),
     tokens=st.sampled_from([0, 256, 2_048, 8_192]),
-    slots=st.integers(0, 8),
+    slots=st.sampled_from([0, 1, 2, 3, 4, 5, 8, 12, 24]),
     blocks=st.sampled_from([None, 4, 64, 100_000]),
     levels=st.sampled_from([1, 1, 2]),
     tier=st.booleans(),
     ties=st.booleans(),
     extra_scan=st.integers(0, 20),
+    reach=st.sampled_from([None, (0, 0), (0, 600), (512, 2_000), (4_096, 300)]),
 )
 def test_the_engine_path_equals_the_rule_decision_for_decision(
     seed: int, size: int, tokens: int, slots: int, blocks: int | None, levels: int,
-    tier: bool, ties: bool, extra_scan: int,
+    tier: bool, ties: bool, extra_scan: int, reach: tuple[int, int] | None,
 ) -> None:
+    """`reach` (extra budget, growth): the engine is also told vLLM's scan is bounded by
+    tokens (`TokenReach`, with some rows not looked up yet), so it may order only the rows
+    the scan can read (`ExactHead`): those, the plan and the ledgers must still be the rule's."""
     rng = random.Random(seed)
     engine, rule = get("fairway"), get("fairway")
     assert isinstance(engine, FairwayPolicy) and isinstance(rule, FairwayPolicy)
@@ -67,11 +79,24 @@ def test_the_engine_path_equals_the_rule_decision_for_decision(
         free = slots if rng.random() < 0.7 else 0  # now and then no slot is free
         budget = StepBudget(tokens, free, free_blocks=blocks)
         head = None if rng.random() < 0.5 else free + extra_scan
-        got = engine.ordering(cols, Step(now, head, budget, tuple(running)))
+        by_tokens = None
+        if reach is not None and head is not None:
+            by_tokens = TokenReach(tokens + reach[0], reach[1], rng.choice((0, 100, 5_000)))
+            cols.unprobed = np.array([rng.random() < 0.2 for _ in waiting], dtype=bool)
+        got = engine.ordering(cols, Step(now, head, budget, tuple(running),
+                                         tokens_reach=by_tokens))
         want = rule.decide(waiting, Step(now, None, budget, tuple(running)), loading)
 
         n = len(waiting)
         k = n if head is None else min(n, head)
+        if by_tokens is not None:  # the rows vLLM's scan can read under the rule's own plan
+            assert want.plan is not None and cols.unprobed is not None
+            cap = want.plan.cap if want.plan.contested else by_tokens.threshold or math.inf
+            assert cap is not None
+            rows = [int(i) for i in want.order]
+            read = by_tokens.reached([waiting[i].remaining for i in rows],
+                                     cols.unprobed[rows].tolist(), cap)
+            k = k if read is None else min(k, read)
         assert sorted(int(i) for i in got.order) == list(range(n))
         assert [int(i) for i in got.order][:k] == list(want.order)[:k]
         assert got.lanes is not None and want.lanes is not None
@@ -82,8 +107,7 @@ def test_the_engine_path_equals_the_rule_decision_for_decision(
             assert got.plan == want.plan
         else:  # a prefix of the lanes: the same step, the placements past the head unknown
             assert got.plan is not None and want.plan is not None
-            assert dataclasses.replace(got.plan, lanes={}) == dataclasses.replace(want.plan,
-                                                                                  lanes={})
+            assert _served(got.plan) == _served(want.plan)
             assert all(want.plan.lanes[rid] == lane for rid, lane in got.plan.lanes.items())
         assert _state(engine)[0] == _state(rule)[0]
 

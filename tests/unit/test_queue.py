@@ -273,3 +273,20 @@ def test_fairway_plan_over_the_scanned_head_equals_the_whole_queue_and_the_refer
         for policy in (whole, head, reference):
             policy.on_step_end([], sum(prefill.values()), prefill_by_request=prefill)
         assert head.ledger == whole.ledger == reference.ledger
+
+
+def test_token_reach_counts_the_requests_up_to_where_the_scan_surely_stops() -> None:
+    from fairway.policies import TokenReach
+
+    reach = TokenReach(budget=2_048, growth=3_072)
+    inf = float("inf")
+    # short requests may all be hits that grow within the step: 1 token each; a request of
+    # 6,000 uncached computes at least 6,000 - 3,072 = 2,928 >= what is left: the scan stops
+    assert reach.reached([100, 300, 6_000, 50], [False] * 4, inf) == 3
+    assert reach.reached([100, 300, 3_500, 50], [False] * 4, inf) is None  # 428 each at least
+    assert reach.reached([4_000, 4_500, 5_200], [False] * 3, inf) == 2  # 928 + 1,428 >= 2,048
+    # a cap of 1,000 per request: three long requests at least
+    assert reach.reached([9_000, 9_000, 9_000, 9_000], [False] * 4, 1_000) == 3
+    # a request not looked up yet may be cached whole: 1 token
+    assert reach.reached([9_000, 9_000], [True, True], inf) is None
+    assert TokenReach(budget=2, growth=0).reached([1, 1, 1], [False] * 3, inf) == 2
