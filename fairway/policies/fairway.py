@@ -749,8 +749,8 @@ class ExactHead:
     """Order only the first `count` waiting placements of a step exactly, when vLLM's scan
     surely stops among them (`TokenReach`) and nothing past them can get tokens: a contested
     step's grants run out among them (the running prefills placed later are held), an
-    uncontested step places every running prefill among them (vLLM serves them all, each
-    charged to the lane that placed it).
+    uncontested step places every running prefill among them (vLLM serves them in its own
+    order, so any may get tokens, charged to the lane that placed it).
 
     A step that admits a few long prompts reads only a few positions, fewer than its free slots
     (`Step.head`): the lanes' prefixes, the merge and the ids are then those of `count` waiting

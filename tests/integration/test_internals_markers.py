@@ -35,6 +35,13 @@ UNCHECKED = {
     "Request.skip_reading_prefix_cache": "read with getattr: absent means False",
     "Request.num_computed_tokens": "a public field; the marker is on schedule()'s timing",
     "KVCacheCoordinator.eagle_group_ids": "read with getattr (drop_eagle_group_ids first)",
+    **{
+        f"Scheduler.{name}": "read with getattr: absent means on (no token bound on the scan)"
+        for name in (
+            "is_encoder_decoder", "need_mamba_block_aligned_split", "num_prefill_lookahead",
+            "is_mm_encoder_only", "max_num_encoder_input_tokens",
+        )
+    },
 }
 
 #: Names vLLM 0.32 offers publicly, which Fairway reads untagged: name -> where vLLM declares it.
