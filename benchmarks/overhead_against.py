@@ -141,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     harness_args = args.harness_args[1:] if args.harness_args[:1] == ["--"] else args.harness_args
     if "--json" in harness_args:
         parser.error("--json is set by this script (one file per turn under --out)")
+    args.out = args.out.resolve()  # the harness runs in the worktree: not relative to there
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="overhead-against-"))
     old_tree = scratch / "tree"

@@ -186,11 +186,14 @@ def _load_against():
 
 
 @pytest.mark.skipif(not (SCRIPT.parents[1] / ".git").exists(), reason="needs a git checkout")
-def test_the_step_against_a_revision_takes_turns_and_pairs_each_turn(tmp_path, capsys):
+def test_the_step_against_a_revision_takes_turns_and_pairs_each_turn(tmp_path, capsys,
+                                                                      monkeypatch):
     """`overhead_against.py`: the harness from a worktree of the revision and from this tree, one
-    JSON per side and turn, the table of the means (HEAD against itself at a tiny size)."""
+    JSON per side and turn, the table of the means (HEAD against itself at a tiny size); `--out`
+    relative to the caller's directory (the harness runs in the worktree's)."""
     against = _load_against()
-    text = against.main(["--rev", "HEAD", "--turns", "1", "--out", str(tmp_path), "--",
+    monkeypatch.chdir(tmp_path.parent)
+    text = against.main(["--rev", "HEAD", "--turns", "1", "--out", tmp_path.name, "--",
                          "--sizes", "40", "--policies", "fairway", "--kinds", "admit",
                          "prefilling", "--steps", "8", "--rounds", "2", "--warmup", "1",
                          "--prefixes", "4", "--no-memory"])
