@@ -260,9 +260,12 @@ class FairwayPolicy(FastLanePolicy):
         if (step.tokens_reach is not None and budget is not None and not self._release
                 and min(head, budget.free_slots - len(budget.ahead)) > EXACT_FIRST):
             exact = ExactHead(EXACT_FIRST, step.tokens_reach, queue.unprobed)
-        # rows either lane may place in head + m placements
-        reach = min(n, max(head if exact is None else exact.count, 1) + m)
-        fair_rows = fair_lane_head(queue.arrival, reach).tolist()
+        full = min(n, max(head, 1) + m)  # rows either lane may place in head + m placements
+        # both lanes' heads found once (O(n) each); a shorter attempt reads their first rows
+        fair_head = fair_lane_head(queue.arrival, full)
+        fast_head = fast_lane_head(scores, queue.arrival, full) if n else np.zeros(0, np.intp)
+        reach = full if exact is None else min(full, exact.count + m)
+        fair_rows = fair_head[:reach].tolist()
         run_scores = self.scores(QueueColumns.of(running), step.now).tolist() if m else []
         # the Fair lane: running prefills (by arrival, then position), then the waiting rows
         fair_running = sorted(range(-1, -m - 1, -1), key=lambda k: (running[-k - 1].arrival, -k))
@@ -272,7 +275,10 @@ class FairwayPolicy(FastLanePolicy):
         run_done = {-(j + 1): r.prompt_tokens - r.remaining for j, r in enumerate(running)}
         whole = False
         while True:
-            fast_rows = fast_lane_head(scores, queue.arrival, reach) if n else np.zeros(0, np.intp)
+            if reach <= full:
+                fast_rows = fast_head[:reach]
+            else:
+                fast_rows = fast_lane_head(scores, queue.arrival, reach)
             rows = np.concatenate([fast_rows, np.asarray(fair_rows, dtype=np.intp)])
             amounts = queue.remaining[rows].astype(np.int64)
             row_list = rows.tolist()
@@ -292,9 +298,8 @@ class FairwayPolicy(FastLanePolicy):
             if decided is not None:
                 return decided
             if exact is not None and exact.failed:  # the scan may read further: the whole head
-                exact, whole = None, False
-                reach = min(n, max(head, 1) + m)
-                fair_rows = fair_lane_head(queue.arrival, reach).tolist()
+                exact, whole, reach = None, False, full
+                fair_rows = fair_head.tolist()
                 fair = fair_running + fair_rows
                 continue
             # The Fast lane passed over its whole known prefix. If its turn came at the end of

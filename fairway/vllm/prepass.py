@@ -79,6 +79,8 @@ class StepPrepass:
         plans: whether the policy's step plans are applied (`plans_steps` and chunked prefill).
         head_only: tell the policy how far vLLM's scan reaches (tests set it False to compare
             with the full order).
+        tokens_reach: also how far it reaches by tokens (`internals.token_reach`; tests and
+            benchmarks/token_reach.py set it False to compare without it).
         step_plan / last_plan: the plan of the step in progress / of the last planned step
             (None after an idle step).
         last: the policy's input and output at the last ordered step.
@@ -107,6 +109,7 @@ class StepPrepass:
         self.plans = plans
         self.top_k = top_k
         self.head_only = True
+        self.tokens_reach = True
         self.stats = FairwayStats()
         self.totals = FairwayStats()
         self.rejected: set[str] = set()
@@ -237,7 +240,8 @@ class StepPrepass:
         firsts = [(r.request_id, r.num_tokens - self.probe.cached_tokens(r)) for r in ahead]
         free = internals.free_slots(self.scheduler)
         head = internals.scan_bound(self.scheduler, free) if self.head_only else None
-        reach = internals.token_reach(self.scheduler) if head is not None else None
+        by_tokens = head is not None and self.tokens_reach
+        reach = internals.token_reach(self.scheduler) if by_tokens else None
         budget = step_plan.step_budget(self.scheduler, decode_tokens, firsts, free)
         ordering = by_level(
             self.policy.ordering(

@@ -250,3 +250,16 @@ def test_the_probe_batch_benchmark_times_both_forms_of_both_parts(capsys):
         assert set(by_form) == {"one by one", "batch"}
         assert all(0 < best <= median for best, median in by_form.values())
     assert "| first lookups, batch |" in capsys.readouterr().out
+
+
+def test_the_token_reach_benchmark_switches_it_step_by_step_on_one_node(capsys):
+    """`benchmarks/token_reach.py` at a tiny size: each kind of step timed with the reach on
+    and off (alternating on the same node), the medians and their ratio in the printed table."""
+    spec = importlib.util.spec_from_file_location("token_reach", SCRIPT.with_name("token_reach.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    summary = module.main(["--size", "40", "--steps", "12", "--prefixes", "2"])
+    assert "prefilling" in summary and set(summary) <= {"admit", "busy", "prefilling"}
+    assert set(summary["prefilling"]) == {"on", "off"}
+    assert all(ms > 0 for ms in summary["prefilling"].values())
+    assert "| prefilling | 6 / 6 |" in capsys.readouterr().out

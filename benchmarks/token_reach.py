@@ -1,0 +1,82 @@
+"""Fairway's own time per step with the scan's token reach on and off, on one node, step by step.
+
+`fairway` orders only the waiting requests vLLM's scan can read by tokens when that is fewer than
+its free slots (`Step.tokens_reach`, docs/design.md "How far vLLM reads, by tokens"). Both ways
+make the same decisions (tests/unit/test_fairway_reference.py, tests/integration/
+test_head_order.py), so one node can switch it every step (`StepPrepass.tokens_reach`): the two
+sides see the same queues in the same minutes of a shared machine, which separate runs do not.
+The nodes are `scheduler_overhead.py`'s: the "admit" / "busy" node (16 slots) and the
+"prefilling" node (64 slots, chunked prefills always running), N waiting (`--size`). Each pair
+of steps runs on/off or off/on, alternating. Timing: Fairway's own CPU time of the step (the
+harness's: the step minus vLLM's own methods, arrivals' `add_request` included); the table gives
+the median per kind and side, and off / on.
+
+Run: `python benchmarks/token_reach.py [--size 1000] [--steps 400]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# Runnable as a plain script from a checkout: the repository root and this folder on the path.
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+SIDES = ("on", "off")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1_000, help="waiting requests")
+    parser.add_argument("--steps", type=int, default=400, help="measured steps per node")
+    parser.add_argument("--prefixes", type=int, default=40, help="shared cached prefixes")
+    args = parser.parse_args(argv)
+    if args.size < 1 or args.steps < 2 or args.prefixes < 1:
+        parser.error("--size and --prefixes must be >= 1, --steps >= 2")
+
+    import scheduler_overhead as harness
+
+    from fairway.vllm import offline
+
+    setup = argparse.Namespace(prefixes=args.prefixes, steps=args.steps, tenants=1,
+                               policies=["fairway"], running=16, warmup=5)
+    work = harness.Workload(offline, setup, args.size)
+    own: dict[str, dict[str, list[float]]] = {}
+    for prefilling in (False, True):
+        node = harness.PrefillNode(work, "fairway", setup, prefilling=prefilling)
+        prepass = node.sched.fairway_prepass
+        gc.collect()
+        gc.disable()
+        try:
+            for step in range(args.steps):
+                side = SIDES[(step + step // 2) % 2]  # on, off, off, on, on, off, ...
+                prepass.tokens_reach = side == "on"
+                sample, _ = node._step()
+                kind = "prefilling" if prefilling else ("admit" if sample.admitted else "busy")
+                own.setdefault(kind, {s: [] for s in SIDES})[side].append(
+                    (sample.total_s - sample.vllm_s) * 1e3)
+        finally:
+            gc.enable()
+        assert node.sched.fairway_totals.policy_fallbacks == 0
+    summary = {
+        kind: {side: statistics.median(v) if v else float("nan") for side, v in by.items()}
+        for kind, by in own.items()
+    }
+    print(f"| {args.size:,} waiting, {args.steps} steps per node | steps on / off | "
+          "own ms, reach on | own ms, off | off / on |")
+    print("|---|---:|---:|---:|---:|")
+    for kind, medians in summary.items():
+        counts = " / ".join(str(len(own[kind][s])) for s in SIDES)
+        print(f"| {kind} | {counts} | {medians['on']:.3f} | {medians['off']:.3f} | "
+              f"{medians['off'] / medians['on']:.2f} |")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
