@@ -3,8 +3,9 @@ revision and from this tree, taking turns on the same machine.
 
 The older code runs from a temporary git worktree of `--rev` with this tree's
 `scheduler_overhead.py` copied in, so both sides are measured by the same harness (the older code
-must have the Fairway names the harness uses). The sides alternate `--turns` times (before, after,
-before, after, ...), so a slow spell of a shared machine hits both alike. Every turn is one run of
+must have the Fairway names the harness uses). The sides alternate `--turns` times, and which
+side goes first alternates too (before, after, after, before, before, after, ...), so a slow spell
+of a shared machine, or one that drifts within a turn, hits both alike. Every turn is one run of
 the harness, whose "added" pairs an arm with vLLM's own scheduler in that same run.
 
 The table gives, per size, step kind and policy, the mean over the turns of: the added median
@@ -39,6 +40,11 @@ HARNESS = Path("benchmarks") / "scheduler_overhead.py"
 SIDES = ("before", "after")
 KINDS = ("full", "admit", "busy", "prefilling", "burst")
 FIELDS = ("added", "own", "own_added", "vllm_added", "started")
+
+
+def turn_order(turn: int) -> tuple[str, ...]:
+    """The sides of turn `turn` (from 1) in the order they run: who goes first alternates."""
+    return SIDES if turn % 2 else SIDES[::-1]
 
 
 def _run_harness(tree: Path, args: Sequence[str], json_path: Path) -> None:
@@ -154,8 +160,10 @@ def main(argv: Sequence[str] | None = None) -> str:
     try:
         shutil.copy(ROOT / HARNESS, old_tree / HARNESS)
         reports: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        trees = dict(zip(SIDES, (old_tree, ROOT), strict=True))
         for turn in range(1, args.turns + 1):
-            for side, tree in zip(SIDES, (old_tree, ROOT), strict=True):
+            for side in turn_order(turn):
+                tree = trees[side]
                 print(f"turn {turn}: {side}", file=sys.stderr, flush=True)
                 path = args.out / f"{side}-{turn}.json"
                 _run_harness(tree, harness_args, path)

@@ -246,9 +246,9 @@ COMMANDS: dict[str, Entry] = {
               "runs it at a tiny size"),
     ".venv/bin/python benchmarks/token_reach.py --size 10000":
         Entry("PARSE", "a timing run of ~3 min at 10,000 waiting; the tiny-size test covers it"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev 03ed69a --turns 3 --out "
-    "results/overhead-tr3 -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "half an hour of engine steps from two trees, taking turns; "
+    ".venv/bin/python benchmarks/overhead_against.py --rev 03ed69a --turns 2 --out "
+    "results/overhead-final -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
+        Entry("PARSE", "20 minutes of engine steps from two trees, taking turns; "
               "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),

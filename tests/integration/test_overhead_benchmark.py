@@ -232,6 +232,12 @@ def test_the_means_over_turns_pair_each_arm_with_vllm_of_its_own_turn():
             "0.300 | 0.450 |") in text
 
 
+def test_the_side_that_goes_first_alternates_from_turn_to_turn():
+    against = _load_against()
+    assert [against.turn_order(t) for t in (1, 2, 3)] == [
+        ("before", "after"), ("after", "before"), ("before", "after")]
+
+
 def test_an_unknown_revision_is_refused_with_why(tmp_path):
     against = _load_against()
     with pytest.raises(SystemExit, match="cannot check out 'no-such-rev'"):
