@@ -497,11 +497,6 @@ class PrefixMemo:
 
 
     @property
-    def has_pending(self) -> bool:
-        """Whether any request may still wait for its first lookup."""
-        return bool(self._pending)
-
-    @property
     def num_unprobed(self) -> int:
         """Waiting requests not looked up yet (ordered as misses until they are)."""
         return sum(1 for hit in self._pending if hit.slot >= 0 and not hit.probed)

@@ -120,7 +120,7 @@ class PrefixProbe:
             snap = self.slots.split(current, slots, self.memo.cached)
         else:
             snap = self._split_with_tier(current, slots, self.tier)
-        unprobed = self.memo.unprobed_slots() if self.memo.has_pending else None
+        unprobed = self.memo.unprobed_slots()  # empty once every waiting hit is looked up
         if unprobed and snap.columns is not None:
             by_slot = np.zeros(self.slots.capacity, dtype=bool)
             by_slot[unprobed] = True
