@@ -63,6 +63,25 @@ def reorder_queue(queue: FCFSRequestQueue, requests: Sequence[Request]) -> None:
     queue.extend(requests)
 
 
+def move_to_front(queue: FCFSRequestQueue, positions: list[int]) -> None:
+    """Move the requests at `positions` (distinct) to the front of the deque, in that order,
+    the others keeping theirs; in place.
+
+    One turn of the deque by rotations (pointer copies, n in all) with a pop at each moved
+    position: unlike `reorder_queue`, no request but the moved ones is touched (see
+    `queue_slots.MAX_IN_PLACE` for what a touch costs on a big queue).
+    """
+    moved = []
+    at = 0  # queue[0] is the request at position `at` of the original order
+    for position in sorted(positions):
+        queue.rotate(at - position)  # vLLM internal: FCFSRequestQueue is a deque
+        moved.append((position, queue.popleft()))
+        at = position + 1
+    queue.rotate(at - len(queue) - len(moved))  # the first original request back in front
+    by_position = dict(moved)
+    queue.extendleft(by_position[p] for p in reversed(positions))
+
+
 def kv_cache_manager(scheduler: Scheduler) -> KVCacheManager:
     """The scheduler's KV cache manager."""
     return scheduler.kv_cache_manager  # vLLM internal: Scheduler.kv_cache_manager

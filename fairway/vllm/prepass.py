@@ -49,6 +49,10 @@ class Placed:
     num_fixed: int  # preempted requests kept at the head
     num_ordered: int  # requests the policy ordered, right after the fixed ones
     lanes: Sequence[str] | None  # lane per ordered position (Fairway), None: one lane
+    #: Positions (in the queue as it was) of the requests moved to its front, in their new
+    #: order, when that is the whole change (written in place: `internals.move_to_front`);
+    #: None: `queue` replaces the deque's contents, or is the queue as it was.
+    front: list[int] | None = None
     #: Lane of each request admitted from the ordered positions (set after the step).
     admitted_lanes: dict[str, str] = field(default_factory=dict)
 
@@ -166,7 +170,9 @@ class StepPrepass:
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
             self.fallback(exc)
             return None
-        if placed.queue is not current:
+        if placed.front is not None:
+            internals.move_to_front(queue, placed.front)
+        elif placed.queue is not current:
             internals.reorder_queue(queue, placed.queue)
         if self.options.protect_enabled:
             self.protect_blocks(placed.queue)
@@ -199,7 +205,7 @@ class StepPrepass:
                 f"range({n}): {exc}"
             ) from None
         self.probe.mark_given(cols)
-        queue = self.probe.arrange(snap, order, moved)
+        queue, front = self.probe.arrange(snap, order, moved)
         for request in snap.oversized:
             self.reject(request)
         lanes = ordering.lanes
@@ -215,7 +221,7 @@ class StepPrepass:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
             oldest = cols.arrival.item(cols.oldest_row)
             stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
-        return Placed(queue, snap.num_fixed, n, lanes)
+        return Placed(queue, snap.num_fixed, n, lanes, front)
 
     # --- the policy's one call, and the step plan (policies with `plans_steps`) ----------------
 

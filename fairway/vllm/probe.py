@@ -148,8 +148,10 @@ class PrefixProbe:
             snap.columns.tier_tokens = by_slot[snap.columns.slots]
         return snap
 
-    def arrange(self, snap: QueueSnapshot, order: np.ndarray, moved: int) -> list[Request]:
-        """The new queue (`QueueSlots.arrange`)."""
+    def arrange(
+        self, snap: QueueSnapshot, order: np.ndarray, moved: int
+    ) -> tuple[list[Request], list[int] | None]:
+        """The new queue and the positions moved to its front (`QueueSlots.arrange`)."""
         return self.slots.arrange(snap, order, moved)
 
     def mark_given(self, cols: QueueColumns) -> None:
