@@ -30,7 +30,7 @@ from fairway.policies.lanes import (
     merge,
 )
 from fairway.policies.queue import (
-    UNPLACED_LANE,
+    HeadLanes,
     Ordering,
     QueueColumns,
     QueuedRequest,
@@ -573,7 +573,7 @@ class FairwayPolicy(FastLanePolicy):
             end = keys.index(rows[exact.count - 1]) + 1
             rows, row_lanes, charged = rows[: exact.count], row_lanes[: exact.count], charged[:end]
         order = head_order(rows, n) if len(rows) < n else np.asarray(rows, dtype=np.intp)
-        lanes_out = row_lanes + [UNPLACED_LANE] * (n - len(rows))
+        lanes_out = HeadLanes(row_lanes, n)
         ids = dict(zip(rows, ids_of(rows), strict=True))
         ids.update({-(j + 1): p.request_id for j, p in enumerate(step.prefilling)})
         front_id = ids[fair[0]] if fair[0] in ids else ids_of([fair[0]])[0]

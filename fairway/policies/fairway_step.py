@@ -29,7 +29,7 @@ from fairway.policies.lanes import (
     merge,
 )
 from fairway.policies.queue import (
-    UNPLACED_LANE,
+    HeadLanes,
     Ordering,
     QueueColumns,
     QueuedRequest,
@@ -136,4 +136,4 @@ class FairwayStepPolicy(FastLanePolicy):
                 fast_rows.tolist(), fair_rows.tolist(), queue.remaining, self.fast_weight
             )
             first, lanes = placed[:head], lanes[:head]
-        return Ordering(head_order(first, n), lanes + [UNPLACED_LANE] * (n - head))
+        return Ordering(head_order(first, n), HeadLanes(lanes, n))

@@ -251,7 +251,7 @@ def fast_lane_head(scores: np.ndarray, arrival: np.ndarray, head: int) -> np.nda
     elif head <= 0:
         return np.arange(0)
     else:
-        rows = (scores >= kth_smallest(scores, n - head)).nonzero()[0]
+        rows = (scores >= kth_largest(scores, head)).nonzero()[0]
     # score descending, then older; lexsort is stable, so row order breaks the last tie
     ordered: np.ndarray = rows[np.lexsort((arrival[rows], -scores[rows]))][:head]
     return ordered
@@ -274,8 +274,46 @@ def smallest_rows(key: np.ndarray, head: int) -> np.ndarray:
     return (key <= kth_smallest(key, head - 1)).nonzero()[0]
 
 
+#: A selection of the k smallest (largest) of more than this many values first takes the k-th
+#: smallest (largest) of the first LEAD_FACTOR x k values as a bound: the queue's first rows
+#: hold the requests placed at the last step, so few values pass it, and the partition runs
+#: over those few. Exact for any values: a bound is never past the answer.
+#: # speed: Fairway's lane heads at 10,000 waiting (65 rows each): one partition of a copy of
+#: # 10,000 values ~0.1 ms each, the bound's comparison and gather ~0.02 ms.
+LEAD_MIN = 256
+LEAD_FACTOR = 2
+
+
 def kth_smallest(values: np.ndarray, k: int) -> float:
-    """The value at position `k` of `values` sorted (a partition of a copy, O(n))."""
+    """The value at position `k` of `values` sorted (NaN last): a partition of a copy, O(n),
+    of only the values under a bound from the first rows when that leaves at most half."""
+    n = len(values)
+    lead = LEAD_FACTOR * (k + 1)
+    if n > LEAD_MIN and lead <= n // 2:
+        first = values[:lead].copy()
+        first.partition(k)
+        # the first rows hold k + 1 values at or under their k-th: so does the whole, whose
+        # k-th smallest is at or under it (NaN: no bound, nothing passes)
+        under = values[values <= first[k]]
+        if k < len(under) <= n // 2:
+            values = under
     part = values.copy()
     part.partition(k)
     return float(part[k])
+
+
+def kth_largest(values: np.ndarray, k: int) -> float:
+    """The value at position `len(values) - k` of `values` sorted (NaN last), 1 <= k <= n: the
+    k-th largest, NaN counting as the largest; `kth_smallest`'s bound from the first rows."""
+    n = len(values)
+    lead = LEAD_FACTOR * k
+    if n > LEAD_MIN and lead <= n // 2:
+        first = values[:lead].copy()
+        first.partition(lead - k)
+        # every value not under the first rows' k-th largest, NaN included (it sorts last)
+        over = values[~(values < first[lead - k])]
+        if k <= len(over) <= n // 2:
+            values = over
+    part = values.copy()
+    part.partition(len(values) - k)
+    return float(part[len(values) - k])

@@ -361,6 +361,40 @@ class QueueColumns:
         )
 
 
+class HeadLanes(Sequence[str]):
+    """The lanes of a `head_order`: the placed head's lanes, then `UNPLACED_LANE` up to `size`
+    positions, without an n-long list (~0.05 ms at 10,000 waiting, made at every step). Equal
+    to any sequence of the same lanes; a slice is a list."""
+
+    __slots__ = ("head", "size")
+
+    def __init__(self, head: Sequence[str], size: int) -> None:
+        if len(head) > size:
+            raise ValueError(f"{len(head)} placed lanes for {size} positions")
+        self.head, self.size = list(head), size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.size))]
+        if not -self.size <= index < self.size:
+            raise IndexError(f"lane index {index} out of range({self.size})")
+        index %= self.size
+        return self.head[index] if index < len(self.head) else UNPLACED_LANE
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == self.size and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"HeadLanes({self.head!r}, size={self.size})"
+
+
 def head_order(head: list[int] | np.ndarray, n: int) -> np.ndarray:
     """The order `head` (distinct rows of range(n): a list of ints or an int array), then every
     other row in row order, as an intp array: what a policy that orders only the head of the

@@ -21,8 +21,11 @@ def classes_differ(queue: QueueColumns, prefilling: Sequence[PrefillingRequest])
     """Whether the running prefills bring a tenant or level the (one-class) queue lacks."""
     if not prefilling:
         return False
-    tenant = int(queue.tenants[0]) if len(queue) else prefilling[0].tenant
-    level = int(queue.priorities[0]) if len(queue) else prefilling[0].priority
+    if len(queue):  # the first row's class (no n-long column of zeros when there is none)
+        tenant = int(queue.tenant[0]) if queue.tenant is not None else 0
+        level = int(queue.priority[0]) if queue.priority is not None else 0
+    else:
+        tenant, level = prefilling[0].tenant, prefilling[0].priority
     return any(p.tenant != tenant or p.priority != level for p in prefilling)
 
 

@@ -14,7 +14,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fairway.policies import PrefillingRequest, QueueColumns, get
-from fairway.policies.lanes import fast_lane_head, smallest_rows
+from fairway.policies.lanes import (
+    LEAD_MIN,
+    fast_lane_head,
+    kth_largest,
+    kth_smallest,
+    smallest_rows,
+)
 from fairway.profiling.table import from_points
 
 
@@ -84,3 +90,51 @@ def test_lane_head_equals_the_negated_selection(scores, arrival_ties, head, data
     arrival = np.array(data.draw(st.lists(times, min_size=len(s), max_size=len(s))), np.float64)
     assert fast_lane_head(s, arrival, head).tolist() == _ref_lane_head(s, arrival, head).tolist()
     assert smallest_rows(s, head).tolist() == _ref_top(s, head).tolist()
+
+
+def _plain_kth(values: np.ndarray, k: int) -> float:
+    part = values.copy()
+    part.partition(k)
+    return float(part[k])
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 3_000),
+       shape=st.sampled_from(["random", "ascending", "descending", "ties", "nan", "inf"]),
+       data=st.data())
+def test_the_bound_from_the_first_rows_keeps_the_kth_value(seed, n, shape, data) -> None:
+    """`kth_smallest` / `kth_largest` partition only the values past a bound taken from the
+    first rows (queues over `LEAD_MIN`): the same value as partitioning them all, whatever the
+    order of the rows, ties, signed zeros, infinities and NaN (sorted last) included."""
+    rng = np.random.default_rng(seed)
+    values = {
+        "random": lambda: rng.random(n),
+        "ascending": lambda: np.sort(rng.random(n)),
+        "descending": lambda: np.sort(rng.random(n))[::-1].copy(),
+        "ties": lambda: rng.choice([0.0, -0.0, 0.5, 1.0], n),
+        "nan": lambda: rng.choice([0.0, 1.0, 2.0, np.nan], n),
+        "inf": lambda: rng.choice([-np.inf, 0.0, 3.0, np.inf], n),
+    }[shape]()
+    k = data.draw(st.integers(0, n - 1), label="k")
+    got, want = kth_smallest(values, k), _plain_kth(values, k)
+    assert got == want or (np.isnan(got) and np.isnan(want))
+    got, want = kth_largest(values, k + 1), _plain_kth(values, n - k - 1)
+    assert got == want or (np.isnan(got) and np.isnan(want))
+
+
+def test_the_bound_is_taken_on_a_long_queue() -> None:
+    """On a queue whose first rows hold its smallest (largest) values, the partition runs over
+    a few values, not all of them (the bound is in use, not only correct)."""
+    seen: list[int] = []
+
+    class Spy(np.ndarray):
+        def partition(self, kth, *args, **kwargs):  # type: ignore[override]
+            seen.append(len(self))
+            return super().partition(kth, *args, **kwargs)
+
+    rest = np.full(5_000, 100.0)
+    oldest_first = np.concatenate([np.arange(40.0), rest]).view(Spy)
+    assert kth_smallest(oldest_first, 9) == 9.0
+    best_first = np.concatenate([np.arange(1_000.0, 1_040.0), rest]).view(Spy)
+    assert kth_largest(best_first, 10) == 1_030.0
+    assert seen and max(seen) <= 40 and len(rest) > LEAD_MIN

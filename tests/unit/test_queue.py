@@ -290,3 +290,22 @@ def test_token_reach_counts_the_requests_up_to_where_the_scan_surely_stops() -> 
     # a request not looked up yet may be cached whole: 1 token
     assert reach.reached([9_000, 9_000], [True, True], inf) is None
     assert TokenReach(budget=2, growth=0).reached([1, 1, 1], [False] * 3, inf) == 2
+
+
+def test_head_lanes_read_as_the_list_of_every_lane() -> None:
+    """`HeadLanes` (the placed head's lanes, `UNPLACED_LANE` after) reads, slices and compares
+    as the n-long list it stands for."""
+    from fairway.policies.queue import UNPLACED_LANE, HeadLanes
+
+    lanes = HeadLanes(["fast", "fair"], 5)
+    full = ["fast", "fair"] + [UNPLACED_LANE] * 3
+    assert len(lanes) == 5 and list(lanes) == full and lanes == full and full == lanes
+    assert lanes[1] == "fair" and lanes[2] == UNPLACED_LANE and lanes[-1] == UNPLACED_LANE
+    assert lanes[-5] == "fast" and lanes[:3] == full[:3] and lanes[1::2] == full[1::2]
+    assert lanes != full[:4] and lanes != ["fair", "fast"] + [UNPLACED_LANE] * 3
+    assert lanes != "fastfair" and HeadLanes([], 0) == []
+    for bad in (5, -6):
+        with pytest.raises(IndexError):
+            lanes[bad]
+    with pytest.raises(ValueError, match="3 placed lanes for 2 positions"):
+        HeadLanes(["fast"] * 3, 2)
