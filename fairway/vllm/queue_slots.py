@@ -8,8 +8,10 @@ policies order arrays, not per-request Python objects. The cached-prefix column 
 use the word.
 
 Finding the slots of the queue at each step is a C-level list comparison with the last arranged
-queue (`_match`; a dict lookup per request when that fails), and the new order is written back
-by list slices when few requests moved (`move_to_front`).
+queue, kept in a list of the table's own and brought up to date in place (`_match_in_place`;
+`_match` when vLLM put requests back at the head; a dict lookup per request when both fail). A new
+order that moves few requests to the front is written by moving just them (`arrange`'s `front`,
+`internals.move_to_front`): on a big queue, touching every request costs a cache miss each.
 """
 
 from __future__ import annotations
