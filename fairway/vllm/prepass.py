@@ -87,7 +87,8 @@ class StepPrepass:
             benchmarks/token_reach.py set it False to compare without it).
         step_plan / last_plan: the plan of the step in progress / of the last planned step
             (None after an idle step).
-        last: the policy's input and output at the last ordered step.
+        last: the policy's input and output at the last ordered step (empty while a step is
+            being ordered, and after one whose ordering failed).
         tenant_labels: request -> tenant label, cached per request id (None: no tenants
             configured, and no per-tenant counting at all).
     """
@@ -165,6 +166,13 @@ class StepPrepass:
             self.fallback(exc)
             return None
         current = list(queue)
+        # The last order's list of the queue goes now, while `list(queue)` has just read the same
+        # requests; freed later in the step (after the snapshot and the policy), its references
+        # were cold again.
+        # speed: Fairway's own admitting step at 10,000 waiting 0.84-0.86 x (two runs switching
+        # it step by step on one node), busy 0.89-0.96 x, prefilling 0.98-1.03 x; 0.91 x
+        # admitting at 1,000
+        self.last = LastOrder()
         try:
             placed = self.order_queue(current)
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug

@@ -172,14 +172,15 @@ class FairwaySchedulerMixin(_SchedulerBase):
 
     @property
     def fairway_last_views(self) -> list[policies.QueuedRequest]:
-        """The orderable requests at the last ordered step, as the policy's views."""
+        """The orderable requests at the last ordered step, as the policy's views (none after a
+        step whose ordering failed)."""
         columns = self.fairway_prepass.last.columns
         return columns.views() if columns is not None else []
 
     @property
     def fairway_last_ordering(self) -> Ordering | None:
         """The policy's answer at the last ordered step: order, lanes and, for a policy with
-        `plans_steps`, the step's plan."""
+        `plans_steps`, the step's plan (None after a step whose ordering failed)."""
         return self.fairway_prepass.last.ordering
 
     @property

@@ -61,6 +61,25 @@ def test_failures_fall_back_to_vllm_order(offline, helpers, caplog, inject):
     assert not sched.requests
 
 
+def test_a_failed_ordering_leaves_no_last_order(offline, helpers):
+    """The last order describes the last step that ordered: after a step whose policy raised,
+    there is none (it is dropped before the policy runs), and the next ordered step has one."""
+    sched = _queue(offline, helpers)
+    offline.step(sched)
+    assert sched.fairway_last_views and sched.fairway_last_ordering is not None
+    ordering = sched.fairway_policy.ordering
+    sched.fairway_policy.ordering = _boom
+    offline.step(sched)
+    assert sched.fairway_totals.policy_fallbacks == 1
+    assert sched.fairway_last_views == [] and sched.fairway_last_ordering is None
+    assert sched.fairway_last_order == []
+    sched.fairway_policy.ordering = ordering
+    waiting = helpers.queue_ids(sched)
+    offline.step(sched)
+    assert {v.request_id for v in sched.fairway_last_views} == set(waiting)
+    assert sched.fairway_last_ordering is not None
+
+
 def test_on_step_end_failure_is_contained(offline, helpers):
     sched = _queue(offline, helpers)
     sched.fairway_policy.on_step_end = _boom
