@@ -254,6 +254,10 @@ COMMANDS: dict[str, Entry] = {
     "results/overhead-inplace -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
         Entry("PARSE", "13 minutes of engine steps from two trees, taking turns; "
               "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
+    ".venv/bin/python benchmarks/overhead_against.py --rev e4f38bc --turns 2 --out "
+    "results/overhead-inplace2 -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
+        Entry("PARSE", "13 minutes of engine steps from two trees, taking turns; "
+              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md
