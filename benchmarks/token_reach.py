@@ -1,17 +1,22 @@
-"""Fairway's own time per step with the scan's token reach on and off, on one node, step by step.
+"""Fairway's own time per step with one of its speed-ups on and off, on one node, step by step.
 
-`fairway` orders only the waiting requests vLLM's scan can read by tokens when that is fewer than
-its free slots (`Step.tokens_reach`, docs/design.md "How far vLLM reads, by tokens"). Both ways
-make the same decisions (tests/unit/test_fairway_reference.py, tests/integration/
-test_head_order.py), so one node can switch it every step (`StepPrepass.tokens_reach`): the two
+Each switch leaves Fairway's decisions as they are, so one node can flip it every step: the two
 sides see the same queues in the same minutes of a shared machine, which separate runs do not.
+- `reach` (default): order only the waiting requests vLLM's scan can read by tokens when that is
+  fewer than the free slots (`StepPrepass.tokens_reach`, docs/design.md "How far vLLM reads, by
+  tokens"; the same decisions: tests/unit/test_fairway_reference.py,
+  tests/integration/test_head_order.py).
+- `lane-bound`: bound each lane head's selection by the same selection over the queue's first
+  rows (`lanes.LEAD_MIN`; exact: tests/unit/test_fairway_fast_paths.py).
+- `early-free`: drop the last order right after reading the queue, while its requests are in the
+  cache (`StepPrepass.free_last_early`).
 The nodes are `scheduler_overhead.py`'s: the "admit" / "busy" node (16 slots) and the
 "prefilling" node (64 slots, chunked prefills always running), N waiting (`--size`). Each pair
 of steps runs on/off or off/on, alternating. Timing: Fairway's own CPU time of the step (the
 harness's: the step minus vLLM's own methods, arrivals' `add_request` included); the table gives
 the median per kind and side, and off / on.
 
-Run: `python benchmarks/token_reach.py [--size 1000] [--steps 400]`.
+Run: `python benchmarks/token_reach.py [--switch reach] [--size 1000] [--steps 400]`.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 SIDES = ("on", "off")
+SWITCHES = ("reach", "lane-bound", "early-free")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--switch", choices=SWITCHES, default="reach",
+                        help="the speed-up switched on and off")
     parser.add_argument("--size", type=int, default=1_000, help="waiting requests")
     parser.add_argument("--steps", type=int, default=400, help="measured steps per node")
     parser.add_argument("--prefixes", type=int, default=40, help="shared cached prefixes")
@@ -42,7 +50,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
 
     import scheduler_overhead as harness
 
+    from fairway.policies import lanes
     from fairway.vllm import offline
+
+    lead_min = lanes.LEAD_MIN
+    switch = {  # (the node's pre-pass, on?) -> None
+        "reach": lambda prepass, on: setattr(prepass, "tokens_reach", on),
+        "lane-bound": lambda _, on: setattr(lanes, "LEAD_MIN", lead_min if on else sys.maxsize),
+        "early-free": lambda prepass, on: setattr(prepass, "free_last_early", on),
+    }[args.switch]
 
     setup = argparse.Namespace(prefixes=args.prefixes, steps=args.steps, tenants=1,
                                policies=["fairway"], running=16, warmup=5)
@@ -56,20 +72,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
         try:
             for step in range(args.steps):
                 side = SIDES[(step + step // 2) % 2]  # on, off, off, on, on, off, ...
-                prepass.tokens_reach = side == "on"
+                switch(prepass, side == "on")
                 sample, _ = node._step()
                 kind = "prefilling" if prefilling else ("admit" if sample.admitted else "busy")
                 own.setdefault(kind, {s: [] for s in SIDES})[side].append(
                     (sample.total_s - sample.vllm_s) * 1e3)
         finally:
             gc.enable()
+            lanes.LEAD_MIN = lead_min
         assert node.sched.fairway_totals.policy_fallbacks == 0
     summary = {
         kind: {side: statistics.median(v) if v else float("nan") for side, v in by.items()}
         for kind, by in own.items()
     }
     print(f"| {args.size:,} waiting, {args.steps} steps per node | steps on / off | "
-          "own ms, reach on | own ms, off | off / on |")
+          f"own ms, {args.switch} on | own ms, off | off / on |")
     print("|---|---:|---:|---:|---:|")
     for kind, medians in summary.items():
         counts = " / ".join(str(len(own[kind][s])) for s in SIDES)

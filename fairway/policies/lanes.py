@@ -278,42 +278,39 @@ def smallest_rows(key: np.ndarray, head: int) -> np.ndarray:
 #: smallest (largest) of the first LEAD_FACTOR x k values as a bound: the queue's first rows
 #: hold the requests placed at the last step, so few values pass it, and the partition runs
 #: over those few. Exact for any values: a bound is never past the answer.
-#: # speed: Fairway's lane heads at 10,000 waiting (65 rows each): one partition of a copy of
-#: # 10,000 values ~0.1 ms each, the bound's comparison and gather ~0.02 ms.
+#: # speed: `benchmarks/token_reach.py --switch lane-bound` (see docs/results.md)
 LEAD_MIN = 256
 LEAD_FACTOR = 2
 
 
-def kth_smallest(values: np.ndarray, k: int) -> float:
-    """The value at position `k` of `values` sorted (NaN last): a partition of a copy, O(n),
-    of only the values under a bound from the first rows when that leaves at most half."""
+def _candidates(values: np.ndarray, count: int, smallest: bool) -> np.ndarray:
+    """A copy of `values`, or of only those that may be among its `count` smallest (largest,
+    NaN counting as the largest) when at most half do: the first LEAD_FACTOR x count values
+    hold `count` at or past their own count-th smallest (largest), so the whole does too."""
     n = len(values)
-    lead = LEAD_FACTOR * (k + 1)
-    if n > LEAD_MIN and lead <= n // 2:
-        first = values[:lead].copy()
-        first.partition(k)
-        # the first rows hold k + 1 values at or under their k-th: so does the whole, whose
-        # k-th smallest is at or under it (NaN: no bound, nothing passes)
-        under = values[values <= first[k]]
-        if k < len(under) <= n // 2:
-            values = under
-    part = values.copy()
+    lead = LEAD_FACTOR * count
+    if n <= LEAD_MIN or lead > n // 2:
+        return values.copy()
+    first = values[:lead].copy()
+    at = count - 1 if smallest else lead - count
+    first.partition(at)
+    # a NaN bound passes nothing (smallest); NaN passes a finite one (largest): as a sort has it
+    passed = values[values <= first[at]] if smallest else values[~(values < first[at])]
+    return passed if count <= len(passed) <= n // 2 else values.copy()
+
+
+def kth_smallest(values: np.ndarray, k: int) -> float:
+    """The value at position `k` of `values` sorted (NaN last): a partition, O(n), of the
+    values under a bound from the first rows when few pass it (`_candidates`)."""
+    part = _candidates(values, k + 1, smallest=True)
     part.partition(k)
     return float(part[k])
 
 
 def kth_largest(values: np.ndarray, k: int) -> float:
     """The value at position `len(values) - k` of `values` sorted (NaN last), 1 <= k <= n: the
-    k-th largest, NaN counting as the largest; `kth_smallest`'s bound from the first rows."""
-    n = len(values)
-    lead = LEAD_FACTOR * k
-    if n > LEAD_MIN and lead <= n // 2:
-        first = values[:lead].copy()
-        first.partition(lead - k)
-        # every value not under the first rows' k-th largest, NaN included (it sorts last)
-        over = values[~(values < first[lead - k])]
-        if k <= len(over) <= n // 2:
-            values = over
-    part = values.copy()
-    part.partition(len(values) - k)
-    return float(part[len(values) - k])
+    k-th largest, NaN counting as the largest (`_candidates`)."""
+    part = _candidates(values, k, smallest=False)
+    at = len(part) - k
+    part.partition(at)
+    return float(part[at])

@@ -71,15 +71,14 @@ def move_to_front(queue: FCFSRequestQueue, positions: list[int]) -> None:
     position: unlike `reorder_queue`, no request but the moved ones is touched (see
     `queue_slots.MAX_IN_PLACE` for what a touch costs on a big queue).
     """
-    moved = []
+    moved = {}
     at = 0  # queue[0] is the request at position `at` of the original order
     for position in sorted(positions):
         queue.rotate(at - position)  # vLLM internal: FCFSRequestQueue is a deque
-        moved.append((position, queue.popleft()))
+        moved[position] = queue.popleft()
         at = position + 1
     queue.rotate(at - len(queue) - len(moved))  # the first original request back in front
-    by_position = dict(moved)
-    queue.extendleft(by_position[p] for p in reversed(positions))
+    queue.extendleft(moved[p] for p in reversed(positions))
 
 
 def kv_cache_manager(scheduler: Scheduler) -> KVCacheManager:

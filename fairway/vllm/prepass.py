@@ -85,6 +85,8 @@ class StepPrepass:
             with the full order).
         tokens_reach: also how far it reaches by tokens (`internals.token_reach`; tests and
             benchmarks/token_reach.py set it False to compare without it).
+        free_last_early: drop the last order right after reading the queue (False: when the
+            new one replaces it; benchmarks/token_reach.py compares the two).
         step_plan / last_plan: the plan of the step in progress / of the last planned step
             (None after an idle step).
         last: the policy's input and output at the last ordered step (empty while a step is
@@ -115,6 +117,7 @@ class StepPrepass:
         self.top_k = top_k
         self.head_only = True
         self.tokens_reach = True
+        self.free_last_early = True
         self.stats = FairwayStats()
         self.totals = FairwayStats()
         self.rejected: set[str] = set()
@@ -169,10 +172,9 @@ class StepPrepass:
         # The last order's list of the queue goes now, while `list(queue)` has just read the same
         # requests; freed later in the step (after the snapshot and the policy), its references
         # were cold again.
-        # speed: Fairway's own admitting step at 10,000 waiting 0.84-0.86 x (two runs switching
-        # it step by step on one node), busy 0.89-0.96 x, prefilling 0.98-1.03 x; 0.91 x
-        # admitting at 1,000
-        self.last = LastOrder()
+        # speed: `benchmarks/token_reach.py --switch early-free` (see docs/results.md)
+        if self.free_last_early:
+            self.last = LastOrder()
         try:
             placed = self.order_queue(current)
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug

@@ -42,10 +42,11 @@ MOVED_SHARE = 20
 #: At most this many rows moved to the front are moved within the kept copy of the queue in place
 #: (one pointer `memmove` each, no request touched); more are written as a new list.
 #: # speed: every pass over the queue's requests (a copy or a free of a list of them) touches each
-#: # request's reference count, a cache miss per request on a big queue: ~0.1-0.2 ms per pass at
-#: # 10,000 waiting on this VM. The kept copy and `internals.move_to_front` leave 2 such passes
-#: # per step (`list(queue)` and its free), where 10 were (matching slices, the new list, the
-#: # deque's clear and extend, the frees).
+#: # request's reference count, a cache miss per request on a big queue. The kept copy and
+#: # `internals.move_to_front` leave 2 such passes per step (`list(queue)` and its free), where
+#: # 10 were (matching slices, the new list, the deque's clear and extend, the frees):
+#: # benchmarks/overhead_against.py against e4f38bc, docs/results.md "Touching only the
+#: # requests that move".
 MAX_IN_PLACE = 16
 
 

@@ -258,6 +258,14 @@ COMMANDS: dict[str, Entry] = {
     "results/overhead-inplace2 -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
         Entry("PARSE", "13 minutes of engine steps from two trees, taking turns; "
               "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
+    ".venv/bin/python benchmarks/token_reach.py --switch lane-bound --size 10000 --steps 300":
+        Entry("PARSE", "a timing run of ~2 min at 10,000 waiting; the tiny-size test runs every "
+              "switch"),
+    ".venv/bin/python benchmarks/token_reach.py --switch early-free --size 10000 --steps 300":
+        Entry("PARSE", "a timing run of ~2 min at 10,000 waiting; the tiny-size test runs every "
+              "switch"),
+    ".venv/bin/python benchmarks/token_reach.py --switch early-free":
+        Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md

@@ -258,14 +258,21 @@ def test_the_probe_batch_benchmark_times_both_forms_of_both_parts(capsys):
     assert "| first lookups, batch |" in capsys.readouterr().out
 
 
-def test_the_token_reach_benchmark_switches_it_step_by_step_on_one_node(capsys):
-    """`benchmarks/token_reach.py` at a tiny size: each kind of step timed with the reach on
-    and off (alternating on the same node), the medians and their ratio in the printed table."""
+@pytest.mark.parametrize("switch", ["reach", "lane-bound", "early-free"])
+def test_the_token_reach_benchmark_switches_it_step_by_step_on_one_node(capsys, switch):
+    """`benchmarks/token_reach.py` at a tiny size: each kind of step timed with the speed-up on
+    and off (alternating on the same node), the medians and their ratio in the printed table;
+    the shipped selection bound is back afterwards."""
+    from fairway.policies import lanes
+
+    shipped = lanes.LEAD_MIN
     spec = importlib.util.spec_from_file_location("token_reach", SCRIPT.with_name("token_reach.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    summary = module.main(["--size", "40", "--steps", "12", "--prefixes", "2"])
+    summary = module.main(["--switch", switch, "--size", "40", "--steps", "12", "--prefixes", "2"])
     assert "prefilling" in summary and set(summary) <= {"admit", "busy", "prefilling"}
     assert set(summary["prefilling"]) == {"on", "off"}
     assert all(ms > 0 for ms in summary["prefilling"].values())
-    assert "| prefilling | 6 / 6 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| prefilling | 6 / 6 |" in out and f"own ms, {switch} on" in out
+    assert shipped == lanes.LEAD_MIN
