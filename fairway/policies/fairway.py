@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -31,13 +32,14 @@ from fairway.policies.lanes import (
 )
 from fairway.policies.queue import (
     HeadLanes,
+    HeadOrder,
     Ordering,
+    PrefillingRequest,
     QueueColumns,
     QueuedRequest,
     Step,
     StepPlan,
     TokenReach,
-    head_order,
 )
 from fairway.policies.shares import (
     MAX_SHARE_CLASSES,
@@ -252,7 +254,7 @@ class FairwayPolicy(FastLanePolicy):
             decided = self._decide([], [], {}, {}, 0.0, 0, step, queue.ids_of, fast_whole=True)
             assert decided is not None
             return decided
-        running = [p.view() for p in step.prefilling]
+        running = step.prefilling  # their views' fields, read without building the views
         scores = self.scores(queue, step.now) if n else np.zeros(0)
         head = n if step.budget is None or step.head is None else min(n, step.head)
         exact = None  # order only what vLLM's scan can read by tokens, if that is fewer
@@ -266,13 +268,14 @@ class FairwayPolicy(FastLanePolicy):
         fast_head = fast_lane_head(scores, queue.arrival, full) if n else np.zeros(0, np.intp)
         reach = full if exact is None else min(full, exact.count + m)
         fair_rows = fair_head[:reach].tolist()
-        run_scores = self.scores(QueueColumns.of(running), step.now).tolist() if m else []
+        run_scores = self.running_scores(running, step.now) if m else []
         # the Fair lane: running prefills (by arrival, then position), then the waiting rows
         fair_running = sorted(range(-1, -m - 1, -1), key=lambda k: (running[-k - 1].arrival, -k))
         fair = fair_running + fair_rows
         queue_work = float(queue.remaining.sum())
-        run_work = {-(j + 1): r.remaining for j, r in enumerate(running)}
-        run_done = {-(j + 1): r.prompt_tokens - r.remaining for j, r in enumerate(running)}
+        run_work = {-(j + 1): max(r.remaining, 1) for j, r in enumerate(running)}
+        run_done = {-(j + 1): r.prompt_tokens - w for j, (r, w) in enumerate(
+            zip(running, run_work.values(), strict=True))}
         whole = False
         while True:
             if reach <= full:
@@ -572,7 +575,7 @@ class FairwayPolicy(FastLanePolicy):
                 return None
             end = keys.index(rows[exact.count - 1]) + 1
             rows, row_lanes, charged = rows[: exact.count], row_lanes[: exact.count], charged[:end]
-        order = head_order(rows, n) if len(rows) < n else np.asarray(rows, dtype=np.intp)
+        order = HeadOrder(rows, n) if len(rows) < n else np.asarray(rows, dtype=np.intp)
         lanes_out = HeadLanes(row_lanes, n)
         ids = dict(zip(rows, ids_of(rows), strict=True))
         ids.update({-(j + 1): p.request_id for j, p in enumerate(step.prefilling)})
@@ -896,7 +899,7 @@ def _with_running(
     scores: np.ndarray,
     arrival: np.ndarray,
     run_scores: list[float],
-    running: list[QueuedRequest],
+    running: Sequence[PrefillingRequest],
 ) -> list[int]:
     """The Fast lane over waiting `fast_rows` (already in the lane's order: score descending,
     then older) and the running prefills (keys -(j + 1), by the same keys, before a waiting row
@@ -904,16 +907,23 @@ def _with_running(
     rows: list[int] = fast_rows.tolist()
     if not running:
         return rows
-    neg = -scores[fast_rows]
-    arr = arrival[fast_rows]
+    score_of, arrival_of = scores.item, arrival.item
+
+    def lane_key(i: int) -> tuple[float, float]:
+        row = rows[i]
+        return -score_of(row), arrival_of(row)
+
     keyed = sorted(((-s, r.arrival, j) for j, (s, r) in enumerate(zip(run_scores, running,
                                                                        strict=True))))
     out: list[int] = []
     start = 0
+    everyone = range(len(rows))
     for key_score, key_arrival, j in keyed:
-        # the waiting rows whose key is below the running prefill's come before it
-        ahead = int(np.count_nonzero((neg < key_score) | ((neg == key_score)
-                                                          & (arr < key_arrival))))
+        # the waiting rows whose key is below the running prefill's come before it: a binary
+        # search of the lane's keys, read for the rows it visits only
+        # speed: 19 lane rows, 3 running prefills: 15.2 -> 9.6 us per call (a numpy count over
+        # the rows per prefill before; best of 7 x 3,000 calls)
+        ahead = bisect_left(everyone, (key_score, key_arrival), lo=start, key=lane_key)
         if ahead > start:
             out.extend(rows[start:ahead])
             start = ahead

@@ -30,11 +30,11 @@ from fairway.policies.lanes import (
 )
 from fairway.policies.queue import (
     HeadLanes,
+    HeadOrder,
     Ordering,
     QueueColumns,
     QueuedRequest,
     Step,
-    head_order,
 )
 
 WaitMode = Literal["relative", "absolute"]
@@ -107,9 +107,9 @@ class FairwayStepPolicy(FastLanePolicy):
 
     # --- what the engine runs: the rule over columns, for the scan's head -------------------------
 
-    def wait_units(self, queue: QueueColumns) -> np.ndarray | float:
+    def wait_units(self, prompt_tokens: np.ndarray) -> np.ndarray | float:
         if self.wait_mode == "relative":
-            return self.patience(queue.prompt_tokens)
+            return self.patience(prompt_tokens)
         return self.patience_floor_s
 
     def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
@@ -136,4 +136,4 @@ class FairwayStepPolicy(FastLanePolicy):
                 fast_rows.tolist(), fair_rows.tolist(), queue.remaining, self.fast_weight
             )
             first, lanes = placed[:head], lanes[:head]
-        return Ordering(head_order(first, n), HeadLanes(lanes, n))
+        return Ordering(HeadOrder(first, n), HeadLanes(lanes, n))

@@ -223,8 +223,9 @@ class Ordering:
 
     Attributes:
         order: a permutation of the queue's rows, highest priority first: a list, an int array
-            (a policy that orders only the head exactly: its head, then every other row in row
-            order, `head_order`).
+            or, for a policy that orders only the head exactly (its head, then every other row in
+            row order), `HeadOrder(head, n)` (the engine then checks the head alone) or the
+            built `head_order`.
         lanes: the lane that placed each position of `order` ("fast", "fair", or
             `UNPLACED_LANE` past an exact head); None: the policy has one lane.
         plan: the step's token split, for a policy with `plans_steps` (None: vLLM's own).
@@ -395,7 +396,48 @@ class HeadLanes(Sequence[str]):
         return f"HeadLanes({self.head!r}, size={self.size})"
 
 
-def head_order(head: list[int] | np.ndarray, n: int) -> np.ndarray:
+class HeadOrder(Sequence[int]):
+    """A `head_order` not yet built: the placed head, then every other row in row order, `size`
+    rows in all. What `fairway` and `fairway-step` return, so that the engine checks the head
+    alone (O(head), `check_order`) instead of a whole permutation; the array is built on first
+    use (`np.asarray`, indexing). Equal to any sequence of the same rows.
+    # speed: a 12-row head, `check_order` of the order: 11.3 -> 6.9 us at 1,000 rows, 33.2 ->
+    # 13.3 us at 10,000 (the built `head_order` checked whole before; best of 5 x 3,000 calls)"""
+
+    __slots__ = ("head", "size", "_array")
+
+    def __init__(self, head: Sequence[int] | np.ndarray, size: int) -> None:
+        self.head, self.size = head, size
+        self._array: np.ndarray | None = None
+
+    def array(self) -> np.ndarray:
+        """The whole order as an intp array (built once)."""
+        if self._array is None:
+            self._array = head_order(self.head, self.size)
+        return self._array
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = self.array()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.array()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence | np.ndarray) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == self.size and bool(np.array_equal(self.array(), np.asarray(other)))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"HeadOrder({list(self.head)!r}, size={self.size})"
+
+
+def head_order(head: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
     """The order `head` (distinct rows of range(n): a list of ints or an int array), then every
     other row in row order, as an intp array: what a policy that orders only the head of the
     queue exactly returns (`Step.head`)."""
@@ -416,6 +458,8 @@ def check_order(order: object, n: int) -> tuple[np.ndarray, int]:
     number of rows it moves to the front: `order[t:]` ascends, so the new queue is the rows
     `order[:t]`, then every other row in its current order (the shape of a `head_order`;
     0: the identity)."""
+    if isinstance(order, HeadOrder):
+        return _check_head_order(order, n)
     arr = np.asarray(order)
     if arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):
         raise ValueError(f"expected {n} integer indices, got shape {arr.shape} of {arr.dtype}")
@@ -437,6 +481,33 @@ def check_order(order: object, n: int) -> tuple[np.ndarray, int]:
     breaks = np.flatnonzero(arr[1:] <= arr[:-1])  # where the order does not ascend strictly
     moved = int(breaks[-1]) + 1 if len(breaks) else 0
     return arr, moved
+
+
+def _check_head_order(order: HeadOrder, n: int) -> tuple[np.ndarray, int]:
+    """`check_order` of a `HeadOrder`: only its head is checked (distinct integers of range(n));
+    the rows after it are every other row in row order by construction. The rows it moves to
+    the front are counted from the head alone: the head's ascending tail stays in place when it
+    ends below the first row after it (the smallest row not in the head)."""
+    head = np.asarray(order.head)
+    k = len(head)
+    if order.size != n or head.ndim != 1 or k > n or (k and head.dtype.kind not in "iu"):
+        raise ValueError(f"expected a head of at most {n} integer indices of {n} rows, got "
+                         f"shape {head.shape} of {head.dtype} for {order.size} rows")
+    if not k:
+        return np.arange(n, dtype=np.intp), 0
+    rows = head.tolist()
+    if min(rows) < 0 or max(rows) >= n:
+        raise ValueError(f"indices out of range({n})")
+    placed = set(rows)
+    if len(placed) != k:
+        raise ValueError("an index appears twice")
+    first_other = next((row for row in range(k + 1) if row not in placed), n)
+    moved = k
+    if rows[-1] < first_other:  # the head's ascending tail is already where it belongs
+        moved = k - 1
+        while moved and rows[moved - 1] < rows[moved]:
+            moved -= 1
+    return order.array(), moved
 
 
 class SlotState:

@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 from fairway.policies import PrefillingRequest, QueueColumns, get
 from fairway.policies.lanes import (
     LEAD_MIN,
+    SAMPLE,
     fast_lane_head,
     kth_largest,
     kth_smallest,
+    largest_rows,
     smallest_rows,
 )
 from fairway.profiling.table import from_points
@@ -36,6 +38,14 @@ def _ref_lane_head(scores: np.ndarray, arrival: np.ndarray, head: int) -> np.nda
     neg = -scores
     top = _ref_top(neg, head)
     return top[np.lexsort((arrival[top], neg[top]))][:head]
+
+
+def _at_sample(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`values` with the rows the bound's sample reads (every n // SAMPLE-th from the first,
+    `fairway.policies.lanes._bounds`) set to the smallest and largest values."""
+    sampled = values[:: max(1, len(values) // SAMPLE)]
+    sampled[:] = rng.choice([-1.0, 5.0], len(sampled)) * rng.random(len(sampled))
+    return values
 
 
 def _bits(values: object) -> bytes:
@@ -75,6 +85,8 @@ def test_column_scores_equal_the_scalar_rule(prefilling, now, profiled, floor) -
         got = policy.scores(QueueColumns.of(views), now) if views else []
         want = [policy.fast_score(view, now) for view in views]
         assert _bits(got) == _bits(want)
+        if prefilling:  # the running prefills' scores without their views' columns
+            assert _bits(policy.running_scores(prefilling, now)) == _bits(want)
 
 
 keys = st.lists(st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.0 + 2**-52, 3.0, 7.25, 1e9]), max_size=60)
@@ -122,9 +134,41 @@ def test_the_bound_from_the_first_rows_keeps_the_kth_value(seed, n, shape, data)
     assert got == want or (np.isnan(got) and np.isnan(want))
 
 
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 3_000),
+       shape=st.sampled_from(["random", "ascending", "descending", "ties", "nan", "inf", "front",
+                             "sampled"]),
+       data=st.data())
+def test_the_bounded_rows_are_the_rows_of_the_kth_value(seed, n, shape, data) -> None:
+    """`smallest_rows` / `largest_rows` (the lanes' heads) keep, from the values within a bound,
+    exactly the rows at or past the k-th value of all of them, in row order: whatever the order
+    of the rows (the bound from the first rows, or from a sample), ties, infinities and NaN."""
+    rng = np.random.default_rng(seed)
+    values = {
+        "random": lambda: rng.random(n),
+        "ascending": lambda: np.sort(rng.random(n)),
+        "descending": lambda: np.sort(rng.random(n))[::-1].copy(),
+        "ties": lambda: rng.choice([0.0, -0.0, 0.5, 1.0], n),
+        "nan": lambda: rng.choice([0.0, 1.0, 2.0, np.nan], n),
+        "inf": lambda: rng.choice([-np.inf, 0.0, 3.0, np.inf], n),
+        # the last step's head moved to the front: its smallest and largest values first
+        "front": lambda: np.concatenate([[-1.0, 2.0] * 20, rng.random(n)])[:n],
+        # the smallest and largest values just where the sample reads: it bounds too few
+        "sampled": lambda: _at_sample(rng.random(n) + 1.0, rng),
+    }[shape]()
+    head = data.draw(st.one_of(st.integers(1, min(n - 1, 80)), st.integers(1, n - 1)),
+                     label="head")
+    smallest = np.flatnonzero(values <= _plain_kth(values, head - 1))
+    assert smallest_rows(values, head).tolist() == smallest.tolist()
+    largest = np.flatnonzero(values >= _plain_kth(values, n - head))
+    assert largest_rows(values, head).tolist() == largest.tolist()
+
+
 def test_the_bound_is_taken_on_a_long_queue() -> None:
-    """On a queue whose first rows hold its smallest (largest) values, the partition runs over
-    a few values, not all of them (the bound is in use, not only correct)."""
+    """On a long queue the last partition, the one that finds the value, runs over a few values,
+    not all of them (the bound is in use, not only correct): on a queue whose first rows hold
+    its smallest (largest) values (the bound from the first rows), and on a shuffled one (the
+    bound from a sample); the partitions that find the bounds read at most 2 x SAMPLE values."""
     seen: list[int] = []
 
     class Spy(np.ndarray):
@@ -132,9 +176,20 @@ def test_the_bound_is_taken_on_a_long_queue() -> None:
             seen.append(len(self))
             return super().partition(kth, *args, **kwargs)
 
+    def last_partition(select, values: np.ndarray, k: int) -> tuple[float, int]:
+        seen.clear()
+        got = select(values.view(Spy), k)
+        assert seen and max(seen[:-1], default=0) <= 2 * SAMPLE
+        return got, seen[-1]
+
     rest = np.full(5_000, 100.0)
-    oldest_first = np.concatenate([np.arange(40.0), rest]).view(Spy)
-    assert kth_smallest(oldest_first, 9) == 9.0
-    best_first = np.concatenate([np.arange(1_000.0, 1_040.0), rest]).view(Spy)
-    assert kth_largest(best_first, 10) == 1_030.0
-    assert seen and max(seen) <= 40 and len(rest) > LEAD_MIN
+    assert len(rest) > LEAD_MIN
+    oldest_first = np.concatenate([np.arange(40.0), rest])
+    assert last_partition(kth_smallest, oldest_first, 9) == (9.0, 10)
+    best_first = np.concatenate([np.arange(1_000.0, 1_040.0), rest])
+    assert last_partition(kth_largest, best_first, 10) == (1_030.0, 30)
+    shuffled = np.random.default_rng(7).permutation(10_000).astype(np.float64)
+    got, read = last_partition(kth_smallest, shuffled, 19)
+    assert got == 19.0 and 20 <= read <= len(shuffled) // 16
+    got, read = last_partition(kth_largest, shuffled, 20)
+    assert got == 9_980.0 and 20 <= read <= len(shuffled) // 16

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fairway.policies import QueuedRequest, get, names
 from fairway.policies.queue import (
+    HeadOrder,
     QueueColumns,
     SlotState,
     Step,
@@ -197,6 +198,32 @@ def test_a_head_order_is_its_head_then_the_other_rows_in_row_order(data, n: int)
     if n:
         with pytest.raises(ValueError, match="out of range"):
             check_order([n, *want[1:]], n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 60))
+def test_a_head_order_not_built_is_checked_by_its_head(data, n: int) -> None:
+    """`HeadOrder` (what `fairway` and `fairway-step` return): `check_order` checks only its
+    head and gives the same array and the same count of rows moved to the front as for the
+    built `head_order`; it rejects a head with a repeated, out-of-range or non-integer row,
+    or a size that is not the queue's. It reads and compares as the built order."""
+    head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
+    if data.draw(st.booleans(), label="sorted"):
+        head.sort()
+    lazy = HeadOrder(head, n)
+    want, want_moved = check_order(head_order(head, n), n)
+    got, moved = check_order(lazy, n)
+    assert got.tolist() == want.tolist() and moved == want_moved
+    assert len(lazy) == n and lazy == want.tolist() and np.asarray(lazy).tolist() == want.tolist()
+    if head:
+        with pytest.raises(ValueError, match="appears twice"):
+            check_order(HeadOrder([*head, head[0]], n + 1), n + 1)
+        with pytest.raises(ValueError, match="out of range"):
+            check_order(HeadOrder([*head[:-1], n], n), n)
+        with pytest.raises(ValueError, match="integer"):
+            check_order(HeadOrder([float(row) for row in head], n), n)
+    with pytest.raises(ValueError, match="rows"):
+        check_order(HeadOrder(head, n + 1), n)
 
 
 def test_keyed_state_grows_and_keeps_values() -> None:
