@@ -10,6 +10,9 @@ sides see the same queues in the same minutes of a shared machine, which separat
   rows (`lanes.LEAD_MIN`; exact: tests/unit/test_fairway_fast_paths.py).
 - `early-free`: drop the last order right after reading the queue, while its requests are in the
   cache (`StepPrepass.free_last_early`).
+- `exact-widen`: when vLLM's scan may read past the first placements ordered exactly, order twice
+  as many before the whole head (`fairway.EXACT_WIDEN`; off: 1, the whole head at once; the same
+  decisions: tests/integration/test_head_order.py).
 The nodes are `scheduler_overhead.py`'s: the "admit" / "busy" node (16 slots) and the
 "prefilling" node (64 slots, chunked prefills always running), N waiting (`--size`). Each pair
 of steps runs on/off or off/on, alternating. Timing: Fairway's own CPU time of the step (the
@@ -34,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 SIDES = ("on", "off")
-SWITCHES = ("reach", "lane-bound", "early-free")
+SWITCHES = ("reach", "lane-bound", "early-free", "exact-widen")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
@@ -50,14 +53,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
 
     import scheduler_overhead as harness
 
+    from fairway.policies import fairway as fairway_rule
     from fairway.policies import lanes
     from fairway.vllm import offline
 
-    lead_min = lanes.LEAD_MIN
+    lead_min, widen = lanes.LEAD_MIN, fairway_rule.EXACT_WIDEN
     switch = {  # (the node's pre-pass, on?) -> None
         "reach": lambda prepass, on: setattr(prepass, "tokens_reach", on),
         "lane-bound": lambda _, on: setattr(lanes, "LEAD_MIN", lead_min if on else sys.maxsize),
         "early-free": lambda prepass, on: setattr(prepass, "free_last_early", on),
+        "exact-widen": lambda _, on: setattr(fairway_rule, "EXACT_WIDEN", widen if on else 1),
     }[args.switch]
 
     setup = argparse.Namespace(prefixes=args.prefixes, steps=args.steps, tenants=1,
@@ -79,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
                     (sample.total_s - sample.vllm_s) * 1e3)
         finally:
             gc.enable()
-            lanes.LEAD_MIN = lead_min
+            lanes.LEAD_MIN, fairway_rule.EXACT_WIDEN = lead_min, widen
         assert node.sched.fairway_totals.policy_fallbacks == 0
     summary = {
         kind: {side: statistics.median(v) if v else float("nan") for side, v in by.items()}

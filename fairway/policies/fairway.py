@@ -259,8 +259,8 @@ class FairwayPolicy(FastLanePolicy):
         head = n if step.budget is None or step.head is None else min(n, step.head)
         exact = None  # order only what vLLM's scan can read by tokens, if that is fewer
         budget = step.budget
-        if (step.tokens_reach is not None and budget is not None and not self._release
-                and min(head, budget.free_slots - len(budget.ahead)) > EXACT_FIRST):
+        exact_below = 0 if budget is None else min(head, budget.free_slots - len(budget.ahead))
+        if step.tokens_reach is not None and not self._release and exact_below > EXACT_FIRST:
             exact = ExactHead(EXACT_FIRST, step.tokens_reach, queue.unprobed)
         full = min(n, max(head, 1) + m)  # rows either lane may place in head + m placements
         # both lanes' heads found once (O(n) each); a shorter attempt reads their first rows
@@ -300,9 +300,19 @@ class FairwayPolicy(FastLanePolicy):
                                    exact=exact)
             if decided is not None:
                 return decided
-            if exact is not None and exact.failed:  # the scan may read further: the whole head
-                exact, whole, reach = None, False, full
-                fair_rows = fair_head.tolist()
+            if exact is not None and exact.failed:  # the scan may read further
+                # twice as many placements while fewer than the head, then the whole head
+                # speed: 10,000 waiting, the prefilling node: the scan read past 8 placements
+                # in 118 of 200 steps (short hits), each then ordering the whole head;
+                # `benchmarks/token_reach.py --switch exact-widen` (see docs/results.md)
+                wider = EXACT_WIDEN * exact.count
+                if exact.widen and exact.count < wider < exact_below:
+                    exact = ExactHead(wider, exact.reach, exact.unprobed)
+                    reach = min(full, wider + m)
+                else:
+                    exact, reach = None, full
+                whole = False
+                fair_rows = fair_head[:reach].tolist()
                 fair = fair_running + fair_rows
                 continue
             # The Fast lane passed over its whole known prefix. If its turn came at the end of
@@ -555,6 +565,7 @@ class FairwayPolicy(FastLanePolicy):
         if exact is not None and (self._release or slots is None or slots <= exact.count):
             # a released hold lets every running prefill get tokens; few slots bound the scan
             exact.failed = True  # before the tokens do: order the whole head
+            exact.widen = False
             return None
         passed: set[int] = set()
         if merged is not None:
@@ -764,7 +775,9 @@ class ExactHead:
     (`Step.head`): the lanes' prefixes, the merge and the ids are then those of `count` waiting
     requests instead of one per free slot. `failed` is set when the check does not hold (or the
     last plan's hold is released, so that every running prefill may get tokens): the caller
-    then orders the whole head, and the step decides as if this were never tried.
+    then tries twice the count while that is below the free slots and the scan's head (the scan
+    read past the first placements, short hits say), else orders the whole head; the step
+    decides as if the failed attempts were never made.
     # speed: benchmarks/token_reach.py, 1,000 waiting, the prefilling node (64 slots): Fairway's
     # own step 0.735 -> 0.599 ms (median, switched step by step on one node); admit and busy
     # 0.446 -> 0.431 and 0.428 -> 0.403 ms
@@ -774,6 +787,8 @@ class ExactHead:
     reach: TokenReach
     unprobed: np.ndarray | None
     failed: bool = False
+    #: After a failure: whether twice the count may hold (False: only the whole head).
+    widen: bool = True
 
     def holds(self, rows: list[int], work: Mapping[int, int], settled: bool, cap: float) -> bool:
         """Whether vLLM's scan, capped at `cap` per request, stops among `rows` (the exact
@@ -787,6 +802,9 @@ class ExactHead:
 
 #: Waiting placements a step orders exactly first when the token reach applies (`ExactHead`).
 EXACT_FIRST = 8
+#: After a first attempt that the scan may read past, the next orders this many times as many
+#: placements (while fewer than the head); 1: the whole head at once.
+EXACT_WIDEN = 2
 
 
 @dataclass(slots=True)

@@ -275,6 +275,11 @@ COMMANDS: dict[str, Entry] = {
               "switch"),
     ".venv/bin/python benchmarks/token_reach.py --switch early-free":
         Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
+    ".venv/bin/python benchmarks/token_reach.py --switch exact-widen --size 10000 --steps 300":
+        Entry("PARSE", "a timing run of ~3 min at 10,000 waiting; the tiny-size test runs every "
+              "switch"),
+    ".venv/bin/python benchmarks/token_reach.py --switch exact-widen":
+        Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md

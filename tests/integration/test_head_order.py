@@ -174,7 +174,8 @@ def test_ordering_what_the_scan_reads_by_tokens_schedules_as_the_full_order(
     """`fairway` orders only the first waiting placements when vLLM's scan surely stops among
     them by tokens (`TokenReach`, `ExactHead`): every step schedules what the whole order
     schedules, with the same lanes and lane tokens, through hits that grow within a step
-    (documents computed by a request the same step admitted) and bursts not looked up yet."""
+    (documents computed by a request the same step admitted) and bursts not looked up yet;
+    also when the scan read past the first placements and twice as many were ordered."""
     from fairway.policies import fairway as fairway_rule
 
     monkeypatch.setattr(fairway_rule, "EXACT_FIRST", exact_first)  # 1, 2: more reads past it
@@ -188,13 +189,15 @@ def test_ordering_what_the_scan_reads_by_tokens_schedules_as_the_full_order(
         clock = [0.0]
         sched.fairway_clock = lambda clock=clock: clock[0]
         shortened: list[bool] = []
+        widened: list[bool] = []
         decide = sched.fairway_policy._decide
 
-        def spy(*args, decide=decide, shortened=shortened, **kwargs):
+        def spy(*args, decide=decide, shortened=shortened, widened=widened, **kwargs):
             exact = kwargs.get("exact")
             decided = decide(*args, **kwargs)
             # tried only where the slots' head is longer: a decision from it ordered fewer
             shortened.append(exact is not None and decided is not None and not exact.failed)
+            widened.append(shortened[-1] and exact.count > exact_first)
             return decided
 
         sched.fairway_policy._decide = spy
@@ -202,11 +205,14 @@ def test_ordering_what_the_scan_reads_by_tokens_schedules_as_the_full_order(
         assert not sched.has_requests()
         totals = sched.fairway_totals
         assert totals.policy_fallbacks == 0
-        runs.append((sum(shortened), dict(totals.placed), dict(totals.lane_prefill_tokens)))
+        runs.append((sum(shortened), dict(totals.placed), dict(totals.lane_prefill_tokens),
+                     sum(widened)))
     assert records[0] == records[1]
     assert runs[0][0] >= 5, "the token reach never shortened the order: nothing was tested"
     assert runs[1][0] == 0  # the whole order: no token reach
-    assert runs[0][1:] == runs[1][1:]
+    assert runs[0][1:3] == runs[1][1:3]
+    if exact_first < 8:  # the first placements were too few: twice as many held, and decided
+        assert runs[0][3] >= 3, "no step decided after a wider attempt: nothing was tested"
 
 
 def test_vllms_scan_reads_no_further_than_the_token_reach(offline, helpers):

@@ -258,14 +258,15 @@ def test_the_probe_batch_benchmark_times_both_forms_of_both_parts(capsys):
     assert "| first lookups, batch |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("switch", ["reach", "lane-bound", "early-free"])
+@pytest.mark.parametrize("switch", ["reach", "lane-bound", "early-free", "exact-widen"])
 def test_the_token_reach_benchmark_switches_it_step_by_step_on_one_node(capsys, switch):
     """`benchmarks/token_reach.py` at a tiny size: each kind of step timed with the speed-up on
     and off (alternating on the same node), the medians and their ratio in the printed table;
-    the shipped selection bound is back afterwards."""
+    the shipped selection bound and widening are back afterwards."""
+    from fairway.policies import fairway as fairway_rule
     from fairway.policies import lanes
 
-    shipped = lanes.LEAD_MIN
+    shipped = lanes.LEAD_MIN, fairway_rule.EXACT_WIDEN
     spec = importlib.util.spec_from_file_location("token_reach", SCRIPT.with_name("token_reach.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -275,4 +276,4 @@ def test_the_token_reach_benchmark_switches_it_step_by_step_on_one_node(capsys, 
     assert all(ms > 0 for ms in summary["prefilling"].values())
     out = capsys.readouterr().out
     assert "| prefilling | 6 / 6 |" in out and f"own ms, {switch} on" in out
-    assert shipped == lanes.LEAD_MIN
+    assert shipped == (lanes.LEAD_MIN, fairway_rule.EXACT_WIDEN)
