@@ -302,9 +302,9 @@ class FairwayPolicy(FastLanePolicy):
                 return decided
             if exact is not None and exact.failed:  # the scan may read further
                 # twice as many placements while fewer than the head, then the whole head
-                # speed: 10,000 waiting, the prefilling node: the scan read past 8 placements
-                # in 118 of 200 steps (short hits), each then ordering the whole head;
-                # `benchmarks/token_reach.py --switch exact-widen` (see docs/results.md)
+                # speed: 10,000 waiting, the prefilling node, where short hits let the scan read
+                # past 8 placements in most steps: `benchmarks/token_reach.py --switch
+                # exact-widen` (see docs/results.md)
                 wider = EXACT_WIDEN * exact.count
                 if exact.widen and exact.count < wider < exact_below:
                     exact = ExactHead(wider, exact.reach, exact.unprobed)
@@ -939,8 +939,8 @@ def _with_running(
     for key_score, key_arrival, j in keyed:
         # the waiting rows whose key is below the running prefill's come before it: a binary
         # search of the lane's keys, read for the rows it visits only
-        # speed: 19 lane rows, 3 running prefills: 15.2 -> 9.6 us per call (a numpy count over
-        # the rows per prefill before; best of 7 x 3,000 calls)
+        # speed: 19 lane rows, 3 running prefills: 10.4 -> 5.9 us per call (a numpy count over
+        # the rows per prefill before; benchmarks/call_costs.py)
         ahead = bisect_left(everyone, (key_score, key_arrival), lo=start, key=lane_key)
         if ahead > start:
             out.extend(rows[start:ahead])

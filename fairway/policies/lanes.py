@@ -111,8 +111,8 @@ class FastLanePolicy(Policy):
     def running_scores(self, running: Sequence[PrefillingRequest], now: float) -> list[float]:
         """`fast_score` of each running prefill's view, as `scores` computes it for columns of
         the views (bit for bit), from three short arrays instead of the views' columns.
-        # speed: three running prefills: 21.6 -> 7.9 us per call (their views' columns and
-        # `scores` before; best of 7 x 3,000 calls); the whole step: docs/results.md"""
+        # speed: three running prefills: 14.9 -> 5.4 us per call (their views' columns and
+        # `scores` before; benchmarks/call_costs.py)"""
         arrival = np.array([p.arrival for p in running], dtype=np.float64)
         prompt = np.array([p.prompt_tokens for p in running], dtype=np.int64)
         remaining = np.array([p.remaining for p in running], dtype=np.int64)
@@ -312,8 +312,8 @@ def largest_rows(values: np.ndarray, head: int) -> np.ndarray:
 #: spacing pass it), the tighter first. Exact for any values: a bound is never past the answer,
 #: and a bound that fewer than k values reach is not used.
 #: # speed: `benchmarks/token_reach.py --switch lane-bound` (see docs/results.md); the sample's
-#: # bound: `fair_lane_head`, 20 rows of 10,000 shuffled arrivals, 62.9 -> 21.1 us per call
-#: # (the first rows' bound only, which a shuffled queue defeats; best of 5 x 2,000 calls)
+#: # bound: `fair_lane_head`, 20 rows of 10,000 shuffled arrivals, 38.5 -> 15.5 us per call
+#: # (the first rows' bound only, which a shuffled queue defeats; benchmarks/call_costs.py)
 LEAD_MIN = 256
 LEAD_FACTOR = 2
 SAMPLE = 128

@@ -401,8 +401,8 @@ class HeadOrder(Sequence[int]):
     rows in all. What `fairway` and `fairway-step` return, so that the engine checks the head
     alone (O(head), `check_order`) instead of a whole permutation; the array is built on first
     use (`np.asarray`, indexing). Equal to any sequence of the same rows.
-    # speed: a 12-row head, `check_order` of the order: 11.3 -> 6.9 us at 1,000 rows, 33.2 ->
-    # 13.3 us at 10,000 (the built `head_order` checked whole before; best of 5 x 3,000 calls)"""
+    # speed: a 12-row head, `check_order` of the order: 10.9 -> 6.7 us at 1,000 rows, 30.4 ->
+    # 12.5 us at 10,000 (the built `head_order` checked whole before; benchmarks/call_costs.py)"""
 
     __slots__ = ("head", "size", "_array")
 

@@ -284,6 +284,9 @@ COMMANDS: dict[str, Entry] = {
               "switch"),
     ".venv/bin/python benchmarks/token_reach.py --switch exact-widen":
         Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
+    ".venv/bin/python benchmarks/call_costs.py":
+        Entry("PARSE", "a timing run of seconds; tests/integration/test_overhead_benchmark.py "
+              "runs it at a tiny size"),
     ".venv/bin/python benchmarks/policy_overhead.py":
         Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md

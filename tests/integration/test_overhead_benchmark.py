@@ -258,6 +258,21 @@ def test_the_probe_batch_benchmark_times_both_forms_of_both_parts(capsys):
     assert "| first lookups, batch |" in capsys.readouterr().out
 
 
+def test_the_call_costs_benchmark_times_each_call_before_and_after(capsys):
+    """`benchmarks/call_costs.py` at a tiny size: every shortened call timed in both forms (the
+    forms give the same answer, checked inside), and the shipped sample bound back afterwards."""
+    from fairway.policies import lanes
+
+    shipped = lanes.SAMPLE
+    spec = importlib.util.spec_from_file_location("call_costs", SCRIPT.with_name("call_costs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--sizes", "300", "--number", "3", "--repeat", "1"])
+    assert len(rows) == 4 and all(before > 0 and after > 0 for _, _, before, after in rows)
+    assert "| check_order of a 12-row head | 300 |" in capsys.readouterr().out
+    assert shipped == lanes.SAMPLE
+
+
 @pytest.mark.parametrize("switch", ["reach", "lane-bound", "early-free", "exact-widen"])
 def test_the_token_reach_benchmark_switches_it_step_by_step_on_one_node(capsys, switch):
     """`benchmarks/token_reach.py` at a tiny size: each kind of step timed with the speed-up on

@@ -110,41 +110,9 @@ def _plain_kth(values: np.ndarray, k: int) -> float:
     return float(part[k])
 
 
-@settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 3_000),
-       shape=st.sampled_from(["random", "ascending", "descending", "ties", "nan", "inf"]),
-       data=st.data())
-def test_the_bound_from_the_first_rows_keeps_the_kth_value(seed, n, shape, data) -> None:
-    """`kth_smallest` / `kth_largest` partition only the values past a bound taken from the
-    first rows (queues over `LEAD_MIN`): the same value as partitioning them all, whatever the
-    order of the rows, ties, signed zeros, infinities and NaN (sorted last) included."""
-    rng = np.random.default_rng(seed)
-    values = {
-        "random": lambda: rng.random(n),
-        "ascending": lambda: np.sort(rng.random(n)),
-        "descending": lambda: np.sort(rng.random(n))[::-1].copy(),
-        "ties": lambda: rng.choice([0.0, -0.0, 0.5, 1.0], n),
-        "nan": lambda: rng.choice([0.0, 1.0, 2.0, np.nan], n),
-        "inf": lambda: rng.choice([-np.inf, 0.0, 3.0, np.inf], n),
-    }[shape]()
-    k = data.draw(st.integers(0, n - 1), label="k")
-    got, want = kth_smallest(values, k), _plain_kth(values, k)
-    assert got == want or (np.isnan(got) and np.isnan(want))
-    got, want = kth_largest(values, k + 1), _plain_kth(values, n - k - 1)
-    assert got == want or (np.isnan(got) and np.isnan(want))
-
-
-@settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 3_000),
-       shape=st.sampled_from(["random", "ascending", "descending", "ties", "nan", "inf", "front",
-                             "sampled"]),
-       data=st.data())
-def test_the_bounded_rows_are_the_rows_of_the_kth_value(seed, n, shape, data) -> None:
-    """`smallest_rows` / `largest_rows` (the lanes' heads) keep, from the values within a bound,
-    exactly the rows at or past the k-th value of all of them, in row order: whatever the order
-    of the rows (the bound from the first rows, or from a sample), ties, infinities and NaN."""
-    rng = np.random.default_rng(seed)
-    values = {
+def _shaped(shape: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n values of a queue column, in one of `SHAPES`."""
+    return {
         "random": lambda: rng.random(n),
         "ascending": lambda: np.sort(rng.random(n)),
         "descending": lambda: np.sort(rng.random(n))[::-1].copy(),
@@ -156,6 +124,35 @@ def test_the_bounded_rows_are_the_rows_of_the_kth_value(seed, n, shape, data) ->
         # the smallest and largest values just where the sample reads: it bounds too few
         "sampled": lambda: _at_sample(rng.random(n) + 1.0, rng),
     }[shape]()
+
+
+SHAPES = ["random", "ascending", "descending", "ties", "nan", "inf", "front", "sampled"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 3_000), shape=st.sampled_from(SHAPES),
+       data=st.data())
+def test_the_bound_keeps_the_kth_value(seed, n, shape, data) -> None:
+    """`kth_smallest` / `kth_largest` partition only the values within a bound taken from the
+    first rows or a sample (queues over `LEAD_MIN`): the same value as partitioning them all,
+    whatever the order of the rows, ties, signed zeros, infinities and NaN (sorted last)
+    included."""
+    values = _shaped(shape, n, np.random.default_rng(seed))
+    k = data.draw(st.integers(0, n - 1), label="k")
+    got, want = kth_smallest(values, k), _plain_kth(values, k)
+    assert got == want or (np.isnan(got) and np.isnan(want))
+    got, want = kth_largest(values, k + 1), _plain_kth(values, n - k - 1)
+    assert got == want or (np.isnan(got) and np.isnan(want))
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 3_000), shape=st.sampled_from(SHAPES),
+       data=st.data())
+def test_the_bounded_rows_are_the_rows_of_the_kth_value(seed, n, shape, data) -> None:
+    """`smallest_rows` / `largest_rows` (the lanes' heads) keep, from the values within a bound,
+    exactly the rows at or past the k-th value of all of them, in row order: whatever the order
+    of the rows (the bound from the first rows, or from a sample), ties, infinities and NaN."""
+    values = _shaped(shape, n, np.random.default_rng(seed))
     head = data.draw(st.one_of(st.integers(1, min(n - 1, 80)), st.integers(1, n - 1)),
                      label="head")
     smallest = np.flatnonzero(values <= _plain_kth(values, head - 1))
