@@ -13,7 +13,9 @@ The table gives, per size, step kind and policy, the mean over the turns of: the
 after, the goal and whether the after side meets it, the same for the own added median (Fairway's
 own median minus vLLM's arm's, `scheduler_overhead.own_added_ms`), Fairway's own median before
 and after, how much of the added median is vLLM's own part running longer (more requests
-started), and the requests started per step (after).
+started), the requests started per step (after), and the added median between steps that
+started and finished as many requests (`scheduler_overhead.same_work_added`) before and after,
+judged by the same goal.
 
 Run: `python benchmarks/overhead_against.py --rev e9c2d6a --turns 2 --out results/overhead --
 --policies fairway fairway-step --sizes 1000 10000 --no-memory` (the arguments after `--` go to
@@ -39,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HARNESS = Path("benchmarks") / "scheduler_overhead.py"
 SIDES = ("before", "after")
 KINDS = ("full", "admit", "busy", "prefilling", "burst")
-FIELDS = ("added", "own", "own_added", "vllm_added", "started")
+FIELDS = ("added", "own", "own_added", "vllm_added", "started", "same_work")
 
 
 def turn_order(turn: int) -> tuple[str, ...]:
@@ -59,14 +61,21 @@ def _run_harness(tree: Path, args: Sequence[str], json_path: Path) -> None:
 
 
 def rows_of(report: dict[str, Any]) -> dict[tuple[int, str, str], dict[str, float | None]]:
-    """Per (waiting, kind, arm) of one harness report: added, own, vLLM's added part, started."""
+    """Per (waiting, kind, arm) of one harness report: added, own, vLLM's added part, started,
+    the added median at the same work (`scheduler_overhead.same_work_added`)."""
+    same_work_added = _harness().same_work_added
     base = {(r["waiting"], r["kind"]): r for r in report["results"] if r["arm"] == "vllm"}
     rows = {}
     for r in report["results"]:
         b = base.get((r["waiting"], r["kind"]))
         if r["arm"] == "vllm" or b is None:
             continue
+        paired = (
+            same_work_added(r["samples_ms"], r["samples_work"], b["samples_ms"], b["samples_work"])
+            if r.get("samples_work") and b.get("samples_work") else None
+        )
         rows[(r["waiting"], r["kind"], r["arm"])] = {
+            "same_work": paired[0] if paired is not None else None,
             "added": r["median_ms"] - b["median_ms"],
             "own": r["own_median_ms"],
             "own_added": r["own_median_ms"] - b["own_median_ms"],
@@ -106,8 +115,9 @@ def table(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
     lines = [
         "| waiting | step kind | arm | added ms before | added ms after | goal ms | met after | "
         "own added ms before | own added after | own met after | Fairway's own ms before | "
-        "own after | vLLM's part of added, after | started per step, after |",
-        "|---:|---|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|",
+        "own after | vLLM's part of added, after | started per step, after | "
+        "added at same work before | after | same-work met after |",
+        "|---:|---|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for key in sorted(new, key=lambda k: (k[0], KINDS.index(k[1]), k[2])):
         waiting, kind, arm = key
@@ -119,19 +129,25 @@ def table(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
             f"{cell(was['own_added'])} | {cell(now['own_added'])} | "
             f"{met(now['own_added'], goal)} | {cell(was['own'], '.3f')} | "
             f"{cell(now['own'], '.3f')} | {cell(now['vllm_added'])} | "
-            f"{cell(now['started'], '.2f')} |"
+            f"{cell(now['started'], '.2f')} | {cell(was['same_work'])} | "
+            f"{cell(now['same_work'])} | {met(now['same_work'], goal)} |"
         )
     return "\n".join(lines)
 
 
-def _goals() -> dict[tuple[int, str], float]:
-    """`GOALS_MS` of this tree's harness."""
+def _harness() -> Any:
+    """This tree's `scheduler_overhead` module."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import scheduler_overhead
     finally:
         sys.path.pop(0)
-    return dict(scheduler_overhead.GOALS_MS)
+    return scheduler_overhead
+
+
+def _goals() -> dict[tuple[int, str], float]:
+    """`GOALS_MS` of this tree's harness."""
+    return dict(_harness().GOALS_MS)
 
 
 def main(argv: Sequence[str] | None = None) -> str:

@@ -43,8 +43,12 @@ def test_every_arm_and_kind_is_split_into_vllm_and_fairway_time(capsys):
             assert r.own_median_ms > 0  # Fairway's hooks ran
         if r.kind == "admit":
             assert r.admitted_mean >= 1 and r.vllm_per_start_ms > 0
+        assert len(r.samples_work) == len(r.samples_ms)
+        assert all(started >= 0 and finished >= 0 for started, finished in r.samples_work)
         if r.kind == "prefilling":  # every step a sample
             assert len(r.samples_ms) == 8 and r.admitted_mean is not None
+            assert sum(s for s, _ in r.samples_work) == pytest.approx(8 * r.admitted_mean)
+            assert sum(f for _, f in r.samples_work) > 0  # max_tokens 1: prefilled, finished
             assert r.admitted_mean > 0  # the mean over every step, those that start none included
             if r.arm != "vllm":
                 assert r.prepass_ms is not None  # chunked prefills run: the policy plans
@@ -113,6 +117,36 @@ def test_the_own_added_median_is_paired_with_vllms_glue_and_judged_apart():
     table = bench.markdown([vllm, row])
     assert "| 1,000 | burst | Fairway (fairway) | 18.000 | 19.000 | +12.000 | no | +10.500 | no |" \
         in table
+
+
+def test_the_same_work_added_pairs_steps_that_started_and_finished_as_many():
+    """Added at the same work: per (started, finished), the arm's median minus vLLM's, weighted
+    by the arm's steps; a kind of step either side has fewer than SAME_WORK_MIN of is left out
+    (its share reported); the step totals alone decide it, not the counter's split."""
+    bench = _load()
+    m = bench.SAME_WORK_MIN
+    # vLLM: idle steps 0.3 ms, one start and one finish 1.3 ms; the arm: 0.7 and 1.9 ms, plus
+    # steps of two starts vLLM never made (unpaired)
+    base_ms = [0.3] * (2 * m) + [1.3] * m
+    base_work = [(0, 0)] * (2 * m) + [(1, 1)] * m
+    arm_ms = [0.7] * m + [1.9] * (2 * m) + [2.9] * m
+    arm_work = [(0, 0)] * m + [(1, 1)] * (2 * m) + [(2, 2)] * m
+    added, share = bench.same_work_added(arm_ms, arm_work, base_ms, base_work)
+    assert added == pytest.approx((0.4 * m + 0.6 * 2 * m) / (3 * m)) and share == 0.75
+    # the plain added median pairs a step that starts one with vLLM's idle median step
+    vllm = bench.ArmResult("vllm", "prefilling", 1_000, median_ms=0.3, p90_ms=1.3,
+                           samples_ms=base_ms, samples_work=base_work)
+    row = bench.ArmResult("fairway", "prefilling", 1_000, median_ms=1.9, p90_ms=2.9,
+                          own_median_ms=0.45, samples_ms=arm_ms, samples_work=arm_work)
+    assert bench.goal_met(row, vllm) == "no" and bench.same_work_goal_met(row, vllm) == "no"
+    row.samples_ms = [0.7] * m + [1.7] * (2 * m) + [2.9] * m  # 0.4 ms more for the same work
+    assert bench.same_work_added_ms(row, vllm)[0] == pytest.approx(0.4)
+    assert bench.same_work_goal_met(row, vllm) == "yes" and bench.goal_met(row, vllm) == "no"
+    assert "| +0.400 (75%) | yes |" in bench.markdown([vllm, row])
+    # fewer than SAME_WORK_MIN steps of every kind on one side: nothing to pair
+    assert bench.same_work_added([1.0] * (m - 1), [(1, 1)] * (m - 1), base_ms, base_work) is None
+    assert bench.same_work_added_ms(vllm, vllm) is None
+    assert bench.same_work_goal_met(row, None) == "-"
 
 
 def test_the_speed_view_scales_own_times_by_vllms_admitting_step():
@@ -213,23 +247,32 @@ def test_the_step_against_a_revision_takes_turns_and_pairs_each_turn(tmp_path, c
 def test_the_means_over_turns_pair_each_arm_with_vllm_of_its_own_turn():
     against = _load_against()
 
-    def report(vllm_ms: float, arm_ms: float, own_ms: float = 0.3) -> dict:
+    def report(vllm_ms: float, arm_ms: float, own_ms: float = 0.3, same: float = 0.2) -> dict:
         row = {"waiting": 1_000, "kind": "admit", "admitted_mean": 1.5}
+        # vLLM's steps start one and finish one; the arm's too, `same` ms dearer
+        steps = [[0, 0], [1, 1]] * 5  # as JSON gives them back
         return {"results": [
             {**row, "arm": "vllm", "median_ms": vllm_ms, "vllm_median_ms": vllm_ms,
-             "own_median_ms": 0.02},
+             "own_median_ms": 0.02, "samples_ms": [0.1, vllm_ms] * 5, "samples_work": steps},
             {**row, "arm": "fairway", "median_ms": arm_ms, "vllm_median_ms": vllm_ms + 0.1,
-             "own_median_ms": own_ms},
+             "own_median_ms": own_ms, "samples_ms": [0.1 + same, vllm_ms + same] * 5,
+             "samples_work": steps},
         ]}
 
     means = against.mean_rows([report(1.0, 1.4), report(2.0, 2.6, own_ms=0.5)])
     got = means[(1_000, "admit", "fairway")]
     assert got["added"] == pytest.approx(0.5) and got["vllm_added"] == pytest.approx(0.1)
     assert got["own"] == pytest.approx(0.4) and got["own_added"] == pytest.approx(0.38)
-    text = against.table([report(1.0, 2.0)], [report(1.0, 1.6, own_ms=0.45)],
+    assert got["same_work"] == pytest.approx(0.2)
+    text = against.table([report(1.0, 2.0, same=0.7)], [report(1.0, 1.6, own_ms=0.45)],
                          {(1_000, "admit"): 0.5})
     assert ("| 1,000 | admit | fairway | +1.000 | +0.600 | 0.5 | no | +0.280 | +0.430 | yes | "
             "0.300 | 0.450 |") in text
+    assert text.splitlines()[-1].endswith("| 1.50 | +0.700 | +0.200 | yes |")
+    old = report(1.0, 1.6)  # a report from before the column
+    for r in old["results"]:
+        del r["samples_work"]
+    assert against.rows_of(old)[(1_000, "admit", "fairway")]["same_work"] is None
 
 
 def test_the_side_that_goes_first_alternates_from_turn_to_turn():
