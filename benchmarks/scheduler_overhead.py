@@ -850,8 +850,8 @@ SAME_WORK_MIN = 5
 
 
 def same_work_added(
-    arm_ms: Sequence[float], arm_work: Sequence[tuple[int, int]],
-    base_ms: Sequence[float], base_work: Sequence[tuple[int, int]],
+    arm_ms: Sequence[float], arm_work: Sequence[Sequence[int]],
+    base_ms: Sequence[float], base_work: Sequence[Sequence[int]],
 ) -> tuple[float, float] | None:
     """The added median between steps that did the same admissions and releases: per work w
     (requests started, requests finished in the step), the arm's median step of work w minus
@@ -867,8 +867,11 @@ def same_work_added(
     plan's cap and hold-back, the re-ordered queue) counts as Fairway's, which `own_added_ms`
     (the counter's split) would not see.
     """
-    def by_work(ms: Sequence[float], work: Sequence[tuple[int, int]]) -> dict[Any, list[float]]:
-        groups: dict[Any, list[float]] = {}
+    def by_work(
+        ms: Sequence[float], work: Sequence[Sequence[int]]
+    ) -> dict[tuple[int, ...], list[float]]:
+        """Step times by work (a JSON report gives the pairs back as lists)."""
+        groups: dict[tuple[int, ...], list[float]] = {}
         for value, w in zip(ms, work, strict=True):
             groups.setdefault(tuple(w), []).append(value)
         return groups
