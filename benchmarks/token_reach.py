@@ -13,6 +13,8 @@ sides see the same queues in the same minutes of a shared machine, which separat
 - `exact-widen`: when vLLM's scan may read past the first placements ordered exactly, order twice
   as many before the whole head (`fairway.EXACT_WIDEN`; off: 1, the whole head at once; the same
   decisions: tests/integration/test_head_order.py).
+- `kept-bound`: find each lane head among the rows within a bound kept from the last step
+  (`lanes.HeadBound`; off: the selection every step; exact: tests/unit/test_fairway_fast_paths.py).
 The nodes are `scheduler_overhead.py`'s: the "admit" / "busy" node (16 slots) and the
 "prefilling" node (64 slots, chunked prefills always running), N waiting (`--size`). Each pair
 of steps runs on/off or off/on, alternating. Timing: Fairway's own CPU time of the step (the
@@ -37,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 SIDES = ("on", "off")
-SWITCHES = ("reach", "lane-bound", "early-free", "exact-widen")
+SWITCHES = ("reach", "lane-bound", "early-free", "exact-widen", "kept-bound")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
@@ -63,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
         "lane-bound": lambda _, on: setattr(lanes, "LEAD_MIN", lead_min if on else sys.maxsize),
         "early-free": lambda prepass, on: setattr(prepass, "free_last_early", on),
         "exact-widen": lambda _, on: setattr(fairway_rule, "EXACT_WIDEN", widen if on else 1),
+        "kept-bound": lambda prepass, on: kept_bounds(prepass.policy, on),
     }[args.switch]
 
     setup = argparse.Namespace(prefixes=args.prefixes, steps=args.steps, tenants=1,
@@ -98,6 +101,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
         print(f"| {kind} | {counts} | {medians['on']:.3f} | {medians['off']:.3f} | "
               f"{medians['off'] / medians['on']:.2f} |")
     return summary
+
+
+def kept_bounds(policy: object, on: bool) -> None:
+    """The `kept-bound` switch: the policy's two `HeadBound`s, or None (the bounds survive an
+    off step untouched, as a step without them leaves them)."""
+    kept = policy.__dict__.setdefault("_bounds_kept", (policy._fair_bound, policy._fast_bound))
+    policy._fair_bound, policy._fast_bound = kept if on else (None, None)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from fairway.policies.lanes import (
     FAIR,
     FAST,
     FastLanePolicy,
+    HeadBound,
     fair_lane_head,
     fast_lane_head,
     merge,
@@ -114,6 +115,9 @@ class FairwayPolicy(FastLanePolicy):
     #: `tenant_credit_steps` in tokens, and the step's budget, at the last classed step.
     _credit: float = field(init=False, repr=False, default=0.0)
     _step_tokens: int = field(init=False, repr=False, default=0)
+    #: The lane heads' bounds kept across steps (a filter only: the heads stay exact).
+    _fair_bound: HeadBound = field(init=False, repr=False, default_factory=lambda: HeadBound())
+    _fast_bound: HeadBound = field(init=False, repr=False, default_factory=lambda: HeadBound())
 
     # --- the rule ---------------------------------------------------------------------------------
 
@@ -264,8 +268,9 @@ class FairwayPolicy(FastLanePolicy):
             exact = ExactHead(EXACT_FIRST, step.tokens_reach, queue.unprobed)
         full = min(n, max(head, 1) + m)  # rows either lane may place in head + m placements
         # both lanes' heads found once (O(n) each); a shorter attempt reads their first rows
-        fair_head = fair_lane_head(queue.arrival, full)
-        fast_head = fast_lane_head(scores, queue.arrival, full) if n else np.zeros(0, np.intp)
+        fair_head = fair_lane_head(queue.arrival, full, self._fair_bound)
+        fast_head = (fast_lane_head(scores, queue.arrival, full, self._fast_bound) if n
+                     else np.zeros(0, np.intp))
         reach = full if exact is None else min(full, exact.count + m)
         fair_rows = fair_head[:reach].tolist()
         run_scores = self.running_scores(running, step.now) if m else []

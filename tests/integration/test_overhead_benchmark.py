@@ -316,7 +316,9 @@ def test_the_call_costs_benchmark_times_each_call_before_and_after(capsys):
     assert shipped == lanes.SAMPLE
 
 
-@pytest.mark.parametrize("switch", ["reach", "lane-bound", "early-free", "exact-widen"])
+@pytest.mark.parametrize(
+    "switch", ["reach", "lane-bound", "early-free", "exact-widen", "kept-bound"]
+)
 def test_the_token_reach_benchmark_switches_it_step_by_step_on_one_node(capsys, switch):
     """`benchmarks/token_reach.py` at a tiny size: each kind of step timed with the speed-up on
     and off (alternating on the same node), the medians and their ratio in the printed table;

@@ -17,6 +17,8 @@ from fairway.policies import PrefillingRequest, QueueColumns, get
 from fairway.policies.lanes import (
     LEAD_MIN,
     SAMPLE,
+    HeadBound,
+    fair_lane_head,
     fast_lane_head,
     kth_largest,
     kth_smallest,
@@ -190,3 +192,41 @@ def test_the_bound_is_taken_on_a_long_queue() -> None:
     assert got == 19.0 and 20 <= read <= len(shuffled) // 16
     got, read = last_partition(kth_largest, shuffled, 20)
     assert got == 9_980.0 and 20 <= read <= len(shuffled) // 16
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 1_500), shape=st.sampled_from(SHAPES),
+       steps=st.integers(1, 12), data=st.data())
+def test_a_kept_bound_finds_the_same_lane_heads(seed, n, shape, steps, data) -> None:
+    """Lane heads found through `HeadBound`s kept from step to step are the heads selected
+    afresh, while the queue changes between steps as the engine changes it: the heads leave,
+    requests arrive (older or younger than any waiting), every score rises with its wait, a hit
+    grows or shrinks; ties, infinities and NaN included (the bound is a filter only)."""
+    rng = np.random.default_rng(seed)
+    scores = _shaped(shape, n, rng)
+    arrival = _shaped(shape, n, rng)
+    fair_bound, fast_bound = HeadBound(), HeadBound()
+    for _ in range(steps):
+        head = data.draw(st.integers(0, len(scores) + 2), label="head")
+        fair = fair_lane_head(arrival, head, fair_bound)
+        fast = fast_lane_head(scores, arrival, head, fast_bound)
+        assert fair.tolist() == fair_lane_head(arrival, head).tolist()
+        assert fast.tolist() == fast_lane_head(scores, arrival, head).tolist()
+        change = data.draw(st.sampled_from(["admit", "arrive", "wait", "hit", "shuffle"]))
+        keep = np.ones(len(scores), dtype=bool)
+        if change == "admit":  # a few of either head leave
+            keep[np.concatenate([fair[:3], fast[:3]])] = False
+        scores, arrival = scores[keep], arrival[keep]
+        if change == "arrive":
+            k = data.draw(st.integers(1, 40), label="arrivals")
+            scores = np.concatenate([scores, _shaped(shape, k, rng)])
+            arrival = np.concatenate([arrival, _shaped(shape, k, rng) * 2 - 0.5])
+        elif change == "wait":
+            scores = scores + rng.random(len(scores))
+        elif change == "hit" and len(scores):
+            scores = scores.copy()
+            scores[rng.integers(len(scores))] = rng.choice([-1.0, 0.5, 4.0, np.nan])
+        elif change == "shuffle":
+            order = rng.permutation(len(scores))
+            scores, arrival = scores[order], arrival[order]
+        if not len(scores):
+            break
