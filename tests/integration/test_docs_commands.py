@@ -275,6 +275,16 @@ COMMANDS: dict[str, Entry] = {
     "results/overhead-samework4 -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
         Entry("PARSE", "20 minutes of engine steps from two trees, taking turns; "
               "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
+    ".venv/bin/python benchmarks/overhead_against.py --rev e9c2d6a --turns 4 --out "
+    "results/overhead-keptbound4 -- --policies fairway fairway-step --sizes 1000 10000 "
+    "--no-memory":
+        Entry("PARSE", "20 minutes of engine steps from two trees, taking turns; "
+              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
+    ".venv/bin/python benchmarks/token_reach.py --switch kept-bound --steps 1200":
+        Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
+    ".venv/bin/python benchmarks/token_reach.py --switch kept-bound --size 10000 --steps 300":
+        Entry("PARSE", "a timing run of ~2 min at 10,000 waiting; the tiny-size test runs every "
+              "switch"),
     ".venv/bin/python benchmarks/token_reach.py --switch lane-bound --size 10000 --steps 300":
         Entry("PARSE", "a timing run of ~2 min at 10,000 waiting; the tiny-size test runs every "
               "switch"),
