@@ -296,34 +296,47 @@ class HeadBound:
     selecting the head from the whole queue (`smallest_rows`, `largest_rows`: several numpy
     calls). A new bound is set, `SLACK` x the head deep, when fewer than `head` rows reach the
     old one (the Fair lane: its oldest left) or more than `SLACK` x `SLACK` x `head` do (the
-    Fast lane: every waiting request's score rises with its wait), or more than half the queue.
-    A NaN score (it counts as the largest) takes the selection.
+    Fast lane: every waiting request's score rises with its wait), or more than half the queue;
+    its rows are then the step's answer, so a step selects at most once. A head of a quarter of
+    the queue or more keeps no bound (one `SLACK` x as deep would pass over half of it), nor does
+    a NaN score (it counts as the largest): the selection answers.
     """
 
     # speed: Fairway's own step at 1,000 waiting, the same node switched step by step, 1,200
-    # steps: 0.412 -> 0.396 ms prefilling, 0.378 -> 0.362 admitting, 0.345 -> 0.332 busy (1.04 x
-    # each); at 10,000 prefilling 1.076 -> 0.993 (1.08 x), admitting and busy 1.01-1.03 x
-    # (`benchmarks/token_reach.py --switch kept-bound`, docs/results.md "Lane heads from a bound
-    # kept across steps")
+    # steps: 0.343 -> 0.323 ms prefilling, 0.371 -> 0.360 admitting, 0.350 -> 0.327 busy
+    # (1.03-1.07 x); at 10,000 prefilling 0.787 -> 0.727 (1.08 x), admitting and busy 0.97 and
+    # 1.12 x over 23-127 steps (`benchmarks/token_reach.py --switch kept-bound`, docs/results.md
+    # "Lane heads from a bound kept across steps")
 
     value: float = math.nan
 
     def rows(self, values: np.ndarray, head: int, smallest: bool) -> np.ndarray | None:
         """Rows (increasing) whose value is within the bound: a superset of the `head` smallest
-        (largest); None when the bound does not hold them or holds too many (the caller selects
-        the head afresh; a new bound is set here). 1 <= head < len(values)."""
-        n = len(values)
+        (largest); None when no bound holds them without holding too many (the caller selects
+        the head). A bound that fails is replaced here, and its rows are the answer when it
+        holds them: the selection that sets it is the step's only one. 1 <= head < len(values)."""
         if self.value == self.value:
-            if smallest:
-                rows = np.flatnonzero(values <= self.value)
-            else:  # NaN passes, so that a NaN anywhere is seen
-                rows = np.flatnonzero(~(values < self.value))
-            if head <= len(rows) <= min(n // 2, SLACK * SLACK * head) and (
-                smallest or not math.isnan(values[rows].sum())
-            ):
+            rows = self._within(values, head, smallest)
+            if rows is not None:
                 return rows
-        deep = min(SLACK * head, n - 1)
+        deep = SLACK * head
+        if deep >= len(values) // 2:  # a bound that deep passes over half the queue: none
+            self.value = math.nan
+            return None
         self.value = kth_smallest(values, deep) if smallest else kth_largest(values, deep + 1)
+        return self._within(values, head, smallest) if self.value == self.value else None
+
+    def _within(self, values: np.ndarray, head: int, smallest: bool) -> np.ndarray | None:
+        """The rows within the bound, if at least `head` and at most min(half the queue,
+        `SLACK` x `SLACK` x `head`) of them (and, for the largest, no NaN among them)."""
+        if smallest:
+            rows = np.flatnonzero(values <= self.value)
+        else:  # NaN passes, so that a NaN anywhere is seen
+            rows = np.flatnonzero(~(values < self.value))
+        if head <= len(rows) <= min(len(values) // 2, SLACK * SLACK * head) and (
+            smallest or not math.isnan(values[rows].sum())
+        ):
+            return rows
         return None
 
 

@@ -193,6 +193,7 @@ def test_the_bound_is_taken_on_a_long_queue() -> None:
     got, read = last_partition(kth_largest, shuffled, 20)
     assert got == 9_980.0 and 20 <= read <= len(shuffled) // 16
 
+
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 1_500), shape=st.sampled_from(SHAPES),
        steps=st.integers(1, 12), data=st.data())
