@@ -47,6 +47,7 @@ from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fairway.options import FairwayOptions  # noqa: E402
+from fairway.vllm import internals  # noqa: E402
 
 #: Hash used for block hashes of offline requests (vLLM's default `--prefix-caching-hash-algo`).
 HASH_ALGO = "sha256"
@@ -340,14 +341,7 @@ def fake_model_output(
     if sampled is None:
         sampled = sampled_tokens(scheduler, scheduler_output, token)
     req_ids = list(scheduler_output.num_scheduled_tokens)
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-        sampled_token_ids=[list(sampled[req_id]) for req_id in req_ids],
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=[],
-    )
+    return internals.model_runner_output(req_ids, [list(sampled[req_id]) for req_id in req_ids])
 
 
 def step(

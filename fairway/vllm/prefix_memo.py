@@ -113,16 +113,17 @@ class PrefixMemo:
         self._coordinator = internals.coordinator_of(manager)
         self._pool = internals.pool_of(manager)
         self._hash_map: Any = None
-        self._cache: dict[bytes, Any] | None = None
-        no_blocks: dict[bytes, Any] = {}  # until `_bind` reads the pool's map
-        self._cache_get: Callable[[bytes], Any] = no_blocks.get
+        self._cache: dict[bytes, Any] = {}
+        self._cache_get: Callable[[bytes], Any] = self._cache.get
+        self._block_of: Callable[[Any], KVCacheBlock | None] = internals.entry_block_reader(
+            self._pool
+        )
         self._bind()
         self.caching = caching
         self.block_size = internals.block_size_of(manager)
         #: Whether the memo is trusted (else every probed request is looked up again each step).
         self.incremental = (
             caching
-            and self._cache is not None
             and internals.supports_incremental(self._coordinator, self._pool)
         )
         if probe_budget < 1:
@@ -149,14 +150,13 @@ class PrefixMemo:
         self.hints: dict[bytes, int] = {}
 
     def _bind(self) -> None:
-        """(Re)read the pool's hash map; vLLM replaces it on `reset_prefix_cache()`."""
+        """(Re)read the pool's hash map; 0.32 and 0.33 replace it on `reset_prefix_cache()`
+        (0.34 clears it in place, and the eviction index sees every chain go)."""
         hash_map = internals.block_hash_map(self._pool)
         self._hash_map = hash_map
-        raw = internals.hash_map_dict(hash_map)
-        if raw is not None:
-            self._cache, self._cache_get = raw, raw.get
-        else:  # the private dict is gone: the public getter, and no set-based checks
-            self._cache, self._cache_get = None, internals.hash_map_getter(hash_map)
+        self._cache = internals.hash_map_dict(hash_map)
+        self._cache_get = self._cache.get
+        self._block_of = internals.entry_block_reader(self._pool)
 
     # --- one request ------------------------------------------------------------------------------
 
@@ -282,7 +282,7 @@ class PrefixMemo:
         hashes = request.block_hashes
         blocks = []
         for i in range(hit.blocks):
-            block = internals.one_block(self._cache_get(hashes[i] + GROUP0_SUFFIX))
+            block = self._block_of(self._cache_get(hashes[i] + GROUP0_SUFFIX))
             if block is None:
                 break
             blocks.append(block)
@@ -320,7 +320,6 @@ class PrefixMemo:
             self._set(hit, tokens // self.block_size, tokens)
             return
         cache = self._cache
-        assert cache is not None
         limit = min(hit.max_blocks, len(hashes))
         if evicted:
             limit = min(limit, hit.blocks - 1)
@@ -354,7 +353,6 @@ class PrefixMemo:
         self.num_extensions += 1
         hashes = hit.request.block_hashes
         cache = self._cache
-        assert cache is not None
         limit = min(hit.max_blocks, len(hashes))
         self._set(hit, cached_prefix_near(cache, hashes, hit.blocks, limit, at_least=True))
 
@@ -372,7 +370,6 @@ class PrefixMemo:
         if not others:
             return
         cache = self._cache
-        assert cache is not None
         shared = first.request.block_hashes
         end = first.blocks
         stopped = end < min(first.max_blocks, len(shared))  # at a block that is not cached
@@ -427,7 +424,6 @@ class PrefixMemo:
                         self._first(hit)
             return
         cache = self._cache
-        assert cache is not None
         by_last = self.by_last
         if by_last:
             for key in set(by_last).difference(cache):  # chain tails that were evicted
@@ -536,7 +532,6 @@ class PrefixMemo:
         # docs/results.md
         """
         cache = self._cache
-        assert cache is not None
         manager, hints, suffix = self._manager, self.hints, GROUP0_SUFFIX
         lookup_enabled = internals.prefix_cache_lookup_enabled
         block_size, cached = self.block_size, self.cached

@@ -257,8 +257,7 @@ class TierProbe:
         checked and, if both are held, the scan jumps to b. `limit`: the chunk the run may not
         reach (the request's `max_load_tokens`).
         """
-        # vLLM internal: Request.skip_reading_prefix_cache
-        if getattr(request, "skip_reading_prefix_cache", False):
+        if internals.skips_external_kv(request):
             return start, False
         hashes = request.block_hashes
         stop = len(hashes) // self._per

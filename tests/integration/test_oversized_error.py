@@ -1,11 +1,13 @@
-"""What the client of a request too large for the whole KV cache receives.
+"""What the client of a request too large for the whole KV cache receives, on every supported
+vLLM.
 
-Fairway finishes such a request through vLLM's `grammar_compile_error_reqs` (the one id set
-`update_from_output` turns into a FINISHED_ERROR output without other state). vLLM's error output
-carries no text, so Fairway puts the reason in its `stop_reason`; these tests follow it from the
-engine core output through vLLM's msgpack wire format and output processor to the
-`CompletionOutput` an `LLM` / `AsyncLLM` caller gets, and record what vLLM's OpenAI server makes
-of an "error" finish (a fixed HTTP 500 text, whatever the output carries).
+Fairway finishes such a request through vLLM's `grammar_compile_error_reqs` (what
+`update_from_output` turns into a FINISHED_ERROR output without other state). In 0.32 it is a
+set of ids and the error output carries no text, so Fairway puts the reason in its
+`stop_reason`; from 0.33 it maps ids to vLLM's `RequestError`, which carries the reason to an
+`AsyncLLM` client (the OpenAI server: HTTP 400 with the text). These tests follow it from the
+engine core output through vLLM's msgpack wire format and output processor to what an `LLM` /
+`AsyncLLM` caller gets, and record what vLLM's OpenAI server answers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ from __future__ import annotations
 import pytest
 
 pytestmark = pytest.mark.integration
+
+
+def _errors_carry_text() -> bool:
+    """vLLM 0.33 and later: the error output has `error` (a `RequestError`)."""
+    from vllm.v1.engine import EngineCoreOutput
+
+    return "error" in EngineCoreOutput.__struct_fields__
 
 #: 39 usable blocks of 16 tokens (624 tokens); 700 tokens need 44 blocks.
 REASON = (
@@ -44,6 +53,8 @@ def test_the_error_output_says_why(offline, helpers, async_scheduling):
     assert output.finish_reason == FinishReason.ERROR and str(output.finish_reason) == "error"
     assert output.new_token_ids == []
     assert output.stop_reason == REASON
+    if _errors_carry_text():
+        assert (output.error.code, output.error.message) == ("validation_error", REASON)
     assert "huge" not in sched.requests and not sched.fairway_prepass.error_reasons
     offline.run_until_idle(sched)
     assert not sched.requests
@@ -83,11 +94,29 @@ def test_the_reason_reaches_the_completion_output(offline, helpers):
     assert completion.stop_reason == REASON
 
 
+def test_an_async_client_gets_the_reason_as_a_validation_error(offline, helpers):
+    """0.33 and later: vLLM's output processor hands an `AsyncLLM` caller (the OpenAI server)
+    the output's `RequestError` as an exception, which the server answers with HTTP 400 and the
+    reason. 0.32: no such path (the error output carries no text)."""
+    if not _errors_carry_text():
+        pytest.skip("vLLM 0.32's error output carries no text (see the stop_reason tests)")
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.exceptions import VLLMValidationError
+
+    _, engine_outputs, found = _huge_outputs(offline, helpers, False)
+    exc = found[0].error.to_exception()
+    assert isinstance(exc, VLLMValidationError) and str(exc) == REASON
+    answer = create_error_response(exc).model_dump()["error"]
+    assert (answer["code"], answer["message"]) == (400, REASON)
+
+
 def test_what_vllms_openai_server_answers_an_error_finish():
-    """vLLM's OpenAI server turns finish_reason "error" into its fixed 500 text: the reason is
-    not in the HTTP answer (it is in the server log, one line per request, and in the
+    """vLLM 0.32's OpenAI server turns finish_reason "error" into its fixed 500 text: the reason
+    is not in the HTTP answer (it is in the server log, one line per request, and in the
     `stop_reason` above). A vLLM that changes this changes FAIRWAY.md's "A request that can
-    never fit"."""
+    never fit". (0.33 and later: the test above.)"""
+    if _errors_carry_text():
+        pytest.skip("from vLLM 0.33 the error carries its text (the test above)")
     from vllm.entrypoints.generate.base.serving import GenerateBaseServing
     from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
     from vllm.exceptions import GenerationError

@@ -566,25 +566,33 @@ def test_requests_waiting_for_one_block_are_extended_from_one_search(
         assert (hit, *_lookups(sched, sched.requests[name])) == (expected[name],) * 4, name
 
 
-def test_the_requests_a_step_started_are_the_new_and_the_resumed():
-    """`started_ids`: what the after-step forgets (the running requests' decodes are not looked
-    at); every scheduled request when the output lacks the fields."""
-    from types import SimpleNamespace
-
+def test_the_requests_a_step_started_are_the_new_and_the_resumed(offline, helpers):
+    """`started_ids`: what the after-step forgets, on the running vLLM's real outputs: the
+    requests that left the waiting queue (new and resumed), never a running request's decode.
+    0.34 sends a resumed request among the new ones (no `resumed_req_ids`); reading every
+    scheduled id there would forget the running decodes' memos too."""
     from fairway.vllm.internals import started_ids
 
-    scheduled = {"run": 1, "new1": 64, "new2": 8, "back": 32}
-    new = [SimpleNamespace(req_id="new1"), SimpleNamespace(req_id="new2")]
-    output = SimpleNamespace(
-        num_scheduled_tokens=scheduled,
-        scheduled_new_reqs=new,
-        scheduled_cached_reqs=SimpleNamespace(req_ids=["run", "back"], resumed_req_ids={"back"}),
+    sched = offline.make_offline_scheduler(
+        "fcfs", num_blocks=24, max_num_batched_tokens=256, max_num_seqs=8
     )
-    assert list(started_ids(output)) == ["new1", "new2", "back"]
-    output.scheduled_cached_reqs.resumed_req_ids = set()
-    assert list(started_ids(output)) == ["new1", "new2"]
-    output.scheduled_cached_reqs = SimpleNamespace(req_ids=["run", "back"])
-    assert list(started_ids(output)) == list(scheduled)
+    for i in range(4):
+        sched.add_request(
+            offline.make_request(f"d{i}", helpers.tokens(1_000 * i, 60), float(i), max_tokens=120)
+        )
+    resumed_seen = 0
+    for _ in range(400):
+        if not sched.has_requests():
+            break
+        waiting = {r.request_id for r in sched.waiting}
+        preempted = {r.request_id for r in sched.waiting if r.num_preemptions}
+        output, _ = offline.step(sched)
+        started = list(started_ids(output))
+        left = waiting - {r.request_id for r in sched.waiting}
+        assert set(started) == left, (started, left)
+        assert len(started) == len(set(started))
+        resumed_seen += len(preempted & set(started))
+    assert resumed_seen, "the scenario must resume a preempted request"
 
 
 def test_a_batch_of_first_lookups_finds_what_one_by_one_finds(offline, helpers):

@@ -182,6 +182,29 @@ def test_a_tier_hit_is_priced_as_a_load(offline, helpers):
     assert started.get("hit") == gpu + tokens
 
 
+def test_a_request_that_skips_the_prefix_cache_gets_no_tier_hit(offline, helpers):
+    """`skip_reading_prefix_cache` (0.34: any prefix-cache hit limit): vLLM loads nothing from
+    the tier for the request, and the probe counts nothing either. 0.34 dropped the flag from
+    `Request` (it reads `skip_reading_external_kv`); read with a default, the probe would count
+    the tier's prefix there."""
+    sched = _scheduler(offline)
+    worker = _Worker()
+    seen = _record_lookups(sched)
+    doc = helpers.tokens(1, 400)
+    _warm_tier(offline, helpers, sched, worker, [doc, helpers.tokens(1_000, 600)])
+    tail = helpers.tokens(90_000, 20)
+    sched.add_request(offline.make_request("skip", doc + tail, 50.0,
+                                           skip_reading_prefix_cache=True))
+    sched.add_request(offline.make_request("hit", doc + tail[:10], 50.0))
+    worker.step(offline, sched)
+    assert seen["skip"] == (0, False)
+    hit_tokens = seen["hit"][0]
+    assert hit_tokens >= 300  # the same prefix, read from the tier
+    for _ in range(4):
+        worker.step(offline, sched)
+    assert "skip" not in worker.loads and worker.loads.get("hit") == hit_tokens
+
+
 def test_a_request_with_tier_blocks_in_flight_never_holds_the_step(offline, helpers):
     """Its blocks' store has not completed (HIT_PENDING): the connector would defer it, so the
     probe marks it deferred, the order puts it behind the others, and the step admits them."""
