@@ -14,6 +14,7 @@ from fairway.policies import (  # noqa: F401
     peek,
     preble,
     ragcache,
+    vllm_window,
     vtc,
 )
 from fairway.policies.base import (

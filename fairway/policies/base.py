@@ -35,7 +35,8 @@ class Policy(ABC):
 
     Contract for callers (the scheduler, the replay):
         * call `ordering()` before every step in which a request can start (for a policy with
-          `plans_steps` also when only prefills run), apply its order (and plan);
+          `plans_steps` also when only prefills run; with `orders_every_step` before every
+          step with a waiting request), apply its order (and plan);
         * call `idle_step()` instead for a step in which no prefill can run (`plans_steps` only);
         * call `on_step_end()` after the step with the ids the engine started from that order
           and the prefill tokens it scheduled (stateful policies count admissions, not
@@ -52,6 +53,14 @@ class Policy(ABC):
     #: The policy plans each step's token split (`Ordering.plan`): it wants the step's budget and
     #: running prefills in `Step`, and `on_step_end`'s `prefill_by_request`.
     plans_steps: ClassVar[bool] = False
+    #: The ordering reads which requests are plain waiting ones (`QueuedRequest.plain`,
+    #: `QueueColumns.plain_of`): the engine fills that in for such a policy only (a read per
+    #: row); to any other policy every row reads as plain.
+    reads_plain: ClassVar[bool] = False
+    #: The policy is asked also in a step in which no waiting request can start (no free request
+    #: slot): its order persists in vLLM's queue and the next step starts from it, as vLLM's own
+    #: in-place re-sorts do (`vllm-window`). Not for a policy with `plans_steps`.
+    orders_every_step: ClassVar[bool] = False
 
     @abstractmethod
     def order(self, queue: Sequence[QueuedRequest], now: float) -> list[int]:

@@ -33,6 +33,10 @@ class QueuedRequest:
         cached_tokens: h, tokens of the longest cached prefix found now (block-granular, <= L).
         tenant: the tenant's code (`fairway.tenants.TenantTable`; 0: the default tenant).
         priority: vLLM's priority level (lower first; 0 unless `--scheduling-policy priority`).
+        plain: a plain waiting request: status WAITING and no token computed yet. False for one
+            preempted (or resumed), waiting for a grammar, remote KV blocks or more streamed
+            input, or partly computed; vLLM 0.34's cache-aware window (`vllm-window`) moves only
+            plain requests.
     """
 
     request_id: str
@@ -41,6 +45,7 @@ class QueuedRequest:
     cached_tokens: int
     tenant: int = 0
     priority: int = 0
+    plain: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -140,6 +145,11 @@ class Step:
             that share the step between tenants; a code past its end weighs 1.
         tokens_reach: how vLLM's scan is bounded by tokens this step (`TokenReach`), when that
             bound is known to hold (None: only `head` bounds it).
+        kv_usage: the share of the KV cache's usable blocks in use before the step, 1 - free /
+            usable (vLLM's `KVCacheManager.usage`; cached blocks no request holds count as
+            free); None: unknown.
+        num_ahead: positions at the head of vLLM's queue held by requests the engine keeps
+            before the rows (preempted requests kept first), not given to the policy.
     """
 
     now: float
@@ -148,6 +158,8 @@ class Step:
     prefilling: Sequence[PrefillingRequest] = ()
     tenant_weights: tuple[float, ...] = ()
     tokens_reach: TokenReach | None = None
+    kv_usage: float | None = None
+    num_ahead: int = 0
 
     def weight_of(self, tenant: int) -> float:
         """The weight of tenant code `tenant` (1 when none is configured for it)."""
@@ -275,6 +287,10 @@ class QueueColumns:
     #: True for a row whose hit is not looked up yet (its `cached_tokens` 0 says nothing: vLLM
     #: may find any hit); None: every row's hit is known.
     unprobed: np.ndarray | None = None
+    #: `rows -> bool array`: whether each of these rows is a plain waiting request
+    #: (`QueuedRequest.plain`), read from the engine when asked (`plain_of`: call it within
+    #: `ordering()`, a request's state changes with the step); None: every row is plain.
+    plain_source: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
     #: Uncached work per request, at least 1 (as `QueuedRequest.remaining`), float64.
     remaining: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -319,6 +335,14 @@ class QueueColumns:
             return [self._ids[i] for i in rows]
         return self.ids_source(np.asarray(rows, dtype=np.intp))
 
+    def plain_of(self, rows: Any) -> np.ndarray:
+        """Whether each of these rows (a sequence of indices) is a plain waiting request
+        (`QueuedRequest.plain`), as a bool array; only those rows are read."""
+        index = np.asarray(rows, dtype=np.intp)
+        if self.plain_source is None:
+            return np.ones(len(index), dtype=bool)
+        return np.asarray(self.plain_source(index), dtype=bool)
+
     @property
     def oldest_row(self) -> int:
         """The row of the earliest arrival (the first of equals). The queue must not be empty."""
@@ -335,6 +359,7 @@ class QueueColumns:
                 self.cached_tokens.tolist(),
                 self.tenants.tolist(),
                 self.priorities.tolist(),
+                self.plain_of(np.arange(len(self))).tolist(),
             )
         )
 
@@ -350,6 +375,7 @@ class QueueColumns:
         # of 7 x 20,000 calls)
         tenant = np.array([r.tenant for r in queue], dtype=np.intp)
         priority = np.array([r.priority for r in queue], dtype=np.int64)
+        plain = np.array([r.plain for r in queue], dtype=bool)
         return cls(
             arrival=np.array([r.arrival for r in queue], dtype=np.float64),
             prompt_tokens=np.array([r.prompt_tokens for r in queue], dtype=np.int64),
@@ -359,6 +385,7 @@ class QueueColumns:
             ids_source=lambda rows: np.asarray(ids, dtype=object)[rows].tolist(),
             tenant=tenant if tenant.any() else None,
             priority=priority if priority.any() else None,
+            plain_source=None if plain.all() else plain.__getitem__,
         )
 
 

@@ -46,7 +46,7 @@ DEFAULT_TRACES = ("sec-a", "sec-b")
 #: Report order: the two references first, then the baselines, then Fairway and its ablations.
 POLICY_ORDER = (
     "fcfs", "lpm", "klpm", "klpm-4", "klpm-8", "hrrn", "ragcache", "preble", "peek",
-    "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
+    "vllm-window", "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
 )
 
 

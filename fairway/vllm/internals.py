@@ -846,3 +846,24 @@ def offload_generation(manager: Any) -> int:
     """Changes when the tier is reset (vLLM's CPU manager; 0 for others)."""
     # vLLM internal: CPUOffloadingManager._cache_generation
     return int(getattr(manager, "_cache_generation", 0))
+
+
+# --- vLLM 0.34's cache-aware admission window (policy `vllm-window`) -----------------------------
+
+
+def kv_usage(scheduler: Scheduler) -> float:
+    """The share of the KV cache's usable blocks in use, 1 - free / usable (cached blocks no
+    request holds count as free): vLLM's `KVCacheManager.usage` (`BlockPool.get_usage`), a
+    public property in 0.32 to 0.34, the value vLLM 0.34 compares with
+    `cache_aware_admission_threshold`."""
+    return float(kv_cache_manager(scheduler).usage)
+
+
+def plain_waiting(requests: Iterable[Request]) -> list[bool]:
+    """Whether each waiting request is a plain one, which vLLM 0.34's cache-aware window may move:
+    status WAITING and no token computed (not preempted, not waiting for a grammar, remote KV
+    blocks or more streamed input, not partly computed)."""
+    from vllm.v1.request import RequestStatus
+
+    waiting = RequestStatus.WAITING
+    return [r.status == waiting and not r.num_computed_tokens for r in requests]

@@ -112,6 +112,7 @@ class StepPrepass:
         self.options = options
         self.policy = policy
         self.probe = probe
+        probe.slots.read_plain = type(policy).reads_plain
         self.metrics = metrics
         self.plans = plans
         self.top_k = top_k
@@ -159,7 +160,8 @@ class StepPrepass:
                 contested = (
                     bool(queue) and self.plans and internals.has_running_prefill(self.scheduler)
                 )
-                if not contested:
+                # a policy whose order persists is asked all the same (`orders_every_step`)
+                if not contested and not (queue and type(self.policy).orders_every_step):
                     if queue and self.plans:
                         self.policy.idle_step()
                         self.last_plan = None
@@ -243,13 +245,13 @@ class StepPrepass:
         steps is not asked when nothing is orderable."""
         now = self.clock()
         weights = self.tenant_weights
+        usage, num_ahead = internals.kv_usage(self.scheduler), len(ahead)
         if not self.plans:
             if not len(waiting):
                 return Ordering([])
             head = internals.scan_bound(self.scheduler) if self.head_only else None
-            return by_level(
-                self.policy.ordering(waiting, Step(now, head, tenant_weights=weights)), waiting
-            )
+            step = Step(now, head, tenant_weights=weights, kv_usage=usage, num_ahead=num_ahead)
+            return by_level(self.policy.ordering(waiting, step), waiting)
         prefilling, decode_tokens = internals.running_prefills(
             self.scheduler, self.probe.slots.classify
         )
@@ -262,7 +264,7 @@ class StepPrepass:
         ordering = by_level(
             self.policy.ordering(
                 waiting, Step(now, head, budget, prefilling, tenant_weights=weights,
-                              tokens_reach=reach),
+                              tokens_reach=reach, kv_usage=usage, num_ahead=num_ahead),
             ),
             waiting,
         )

@@ -25,6 +25,7 @@ import numpy as np
 from vllm.v1.request import Request, RequestStatus
 
 from fairway.policies.queue import QueueColumns
+from fairway.vllm import internals
 
 _ORDERED, _FIXED, _OVERSIZED, _DEFERRED = 0, 1, 2, 3
 #: Requests vLLM may have put back at the head of the queue that `_match` looks past (a bound on
@@ -60,6 +61,14 @@ def _ids_of_rows(current: list[Request], positions: np.ndarray | None, rows: Any
     if positions is not None:
         index = positions[index]
     return [current[i].request_id for i in index.tolist()]
+
+
+def _plain_of_rows(current: list[Request], positions: np.ndarray | None, rows: np.ndarray
+                   ) -> np.ndarray:
+    """Whether each of these ordered rows is a plain waiting request (`QueueColumns.
+    plain_source`), read now; rows map to `current` as in `_ids_of_rows`."""
+    index = rows if positions is None else positions[rows]
+    return np.array(internals.plain_waiting([current[i] for i in index.tolist()]), dtype=bool)
 
 
 def _equal_tail(
@@ -120,6 +129,9 @@ class QueueSlots:
         self.num_classified = 0
         #: PREEMPTED requests stay at the head in their order (vLLM's rule) instead of ordered.
         self.keep_preempted_first = keep_preempted_first
+        #: The snapshot's columns say which rows are plain waiting requests (`QueueColumns.
+        #: plain_source`; policies with `reads_plain`): off, no policy pays for the reads.
+        self.read_plain = False
         self.slot_of: dict[Request, int] = {}
         self._free: list[int] = []
         # The last arranged queue, its slots, and the requests noted since (see `_match`).
@@ -310,6 +322,7 @@ class QueueSlots:
             ids_source=partial(_ids_of_rows, current, positions),
             tenant=self._tenant[slots] if self.num_classified else None,
             priority=self._priority[slots] if self.num_classified else None,
+            plain_source=partial(_plain_of_rows, current, positions) if self.read_plain else None,
         )
         snap.columns = cols
         if len(slots):

@@ -19,9 +19,12 @@ from fairway.policies.lpm import KLPMPolicy, LPMPolicy
 from fairway.policies.peek import PEEKPolicy
 from fairway.policies.preble import PreblePolicy
 from fairway.policies.ragcache import RAGCachePolicy
+from fairway.policies.vllm_window import VLLMWindowPolicy
 from fairway.profiling.table import from_points
 
-BASELINES = ["fcfs", "hrrn", "klpm", "klpm-4", "klpm-8", "lpm", "peek", "preble", "ragcache"]
+BASELINES = [
+    "fcfs", "hrrn", "klpm", "klpm-4", "klpm-8", "lpm", "peek", "preble", "ragcache", "vllm-window",
+]
 
 
 def req(rid: str, arrival: float, prompt: int, cached: int = 0) -> QueuedRequest:
@@ -49,6 +52,7 @@ def test_every_baseline_is_registered() -> None:
         ("preble", PreblePolicy, True, True),
         ("peek", PEEKPolicy, True, False),
         ("hrrn", HRRNPolicy, True, True),
+        ("vllm-window", VLLMWindowPolicy, True, False),
     ],
 )
 def test_classes_and_flags(name: str, cls: type[Policy], needs_hits: bool, stateful: bool) -> None:
@@ -75,6 +79,7 @@ def test_params() -> None:
     assert get("ragcache").params() == {"window_s": None}
     assert get("preble").params() == {"k": 10}
     assert get("hrrn").params() == {}
+    assert get("vllm-window").params() == {"window": 64, "threshold": 0.5}
     assert get("peek").params()["profile"]["metadata"]["source"] == "estimate"
 
 

@@ -15,7 +15,7 @@ from fairway.policies.base import QueuedRequest, register_policy
 
 REQUIRED = {
     "fcfs", "lpm", "klpm", "klpm-4", "klpm-8", "ragcache", "preble", "peek", "hrrn",
-    "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
+    "vllm-window", "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
 }
 PACKAGE = pathlib.Path(policies.__file__).resolve().parent.parent
 
