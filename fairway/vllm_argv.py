@@ -104,6 +104,13 @@ def queue_flags(vllm_args: list[str], options: FairwayOptions) -> list[str]:
             "on --scheduling-policy fcfs (the default) or priority (vLLM's per-request priority "
             "levels, lower first, each ordered by the Fairway policy)"
         )
+    window = flag_value(vllm_args, "cache-aware-admission-window")
+    if window not in (None, "0"):
+        raise FairwayConfigError(
+            f"--cache-aware-admission-window {window}: vLLM would re-sort the head of the "
+            "waiting queue by cached prefix after Fairway ordered it, undoing Fairway's order "
+            "(drop the flag; for vLLM's window rule itself, run the policy 'vllm-window')"
+        )
     caching = bool_flag(vllm_args, "enable-prefix-caching")
     if caching is None:
         flags.append("--enable-prefix-caching")

@@ -42,6 +42,11 @@ WHEEL_SHA256 = {
     "0.34.0": "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
 }
 
+#: Pure runtime dependencies a newer release adds that the CPU build's environment lacks (0.34's
+#: CLI imports orjson); installed into the overlay's site folder when the release requires them
+#: and the environment does not satisfy it. The release's GPU-only requirements are not.
+RUNTIME_EXTRAS = ("orjson",)
+
 #: The wheel pip fetches: manylinux x86_64 for CPython 3.11 (its Python files are the same in
 #: every platform's wheel).
 _WHEEL_PLATFORM = ["--platform", "manylinux_2_28_x86_64", "--python-version", "3.11"]
@@ -104,6 +109,7 @@ def overlay(version: str, cache: Path = CACHE) -> Path:
             if name.startswith("vllm/") and not name.endswith(".so") and ".so." not in name
         ]
         archive.extractall(site, members)
+    _install_extras(wheel, site)
     _write_dist_info(site / f"vllm-{version}+cpu.dist-info", "vllm", f"{version}+cpu")
     _write_dist_info(
         site / "fairway_overlay_platform-0.dist-info",
@@ -113,6 +119,31 @@ def overlay(version: str, cache: Path = CACHE) -> Path:
     )
     stamp.write_text(f"{wheel.name}\n")
     return site
+
+
+def _install_extras(wheel: Path, site: Path) -> None:
+    """`RUNTIME_EXTRAS` the release requires and this environment lacks, into `site`."""
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = Parser().parsestr(archive.read(name).decode()).get_all("Requires-Dist") or []
+    wanted = []
+    for line in requires:
+        requirement = Requirement(line)
+        if requirement.name not in RUNTIME_EXTRAS:
+            continue
+        try:
+            have = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have is None or not requirement.specifier.contains(have, prereleases=True):
+            wanted.append(f"{requirement.name}{requirement.specifier}")
+    if wanted:
+        _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+              *wanted])
 
 
 def _write_dist_info(info: Path, name: str, version: str, entry_points: str = "") -> None:

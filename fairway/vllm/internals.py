@@ -22,7 +22,9 @@ vLLM objects (`calibrate`, `observe`) stay importable without it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from fairway.errors import FairwayError
@@ -38,7 +40,47 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
+
+
+# --- what changed between the supported releases ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class VllmShape:
+    """How the running vLLM spells what changed between the supported releases, read once from
+    its class declarations (never guessed from a missing attribute: each branch is a known
+    release's meaning, and the start-up self-test exercises the one taken)."""
+
+    #: `CachedRequestData.resumed_req_ids` lists resumed requests apart from the new ones (0.32,
+    #: 0.33); 0.34 sends them in `scheduled_new_reqs`.
+    resumed_apart: bool
+    #: `ModelRunnerOutput` takes `req_id_to_index` (0.32, 0.33; removed in 0.34).
+    runner_output_index: bool
+    #: `BlockHashToBlockMap` entries are block ids into the pool's blocks (0.34); before, a block
+    #: or a dict of duplicate blocks.
+    map_holds_ids: bool
+    #: `Request.prefix_cache_hit_limit` bounds what a request may read from the caches (0.34);
+    #: before, the flag `Request.skip_reading_prefix_cache`.
+    hit_limit: bool
+
+
+@functools.cache
+def shape() -> VllmShape:
+    """The running vLLM's `VllmShape`."""
+    import inspect
+
+    from vllm.v1.core.block_pool import BlockHashToBlockMap
+    from vllm.v1.core.sched.output import CachedRequestData
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return VllmShape(
+        resumed_apart="resumed_req_ids" in CachedRequestData.__dataclass_fields__,
+        runner_output_index="req_id_to_index" in ModelRunnerOutput.__dataclass_fields__,
+        map_holds_ids="blocks" in inspect.signature(BlockHashToBlockMap.__init__).parameters,
+        hit_limit="prefix_cache_hit_limit" in _request_attrs(),
+    )
 
 
 # --- scheduler and request fields -----------------------------------------------------------------
@@ -149,12 +191,10 @@ def free_slots(scheduler: Scheduler) -> int:
     the step only sends requests back to the queue and also stops admission.
     """
     # vLLM internal: Scheduler.max_num_active_reqs / num_waiting_for_streaming_input
-    limit = getattr(scheduler, "max_num_active_reqs", None)
-    if not isinstance(limit, int):
-        limit = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
-    paused = getattr(scheduler, "num_waiting_for_streaming_input", 0)
+    limit: int = scheduler.max_num_active_reqs
+    paused: int = scheduler.num_waiting_for_streaming_input
     running = scheduler.get_request_counts()[0]  # len(running)
-    return max(0, limit - running - (paused if isinstance(paused, int) else 0))
+    return max(0, limit - running - paused)
 
 
 def can_admit(scheduler: Scheduler) -> bool:
@@ -172,8 +212,7 @@ def scan_bound(scheduler: Scheduler, free: int | None = None) -> int | None:
     so with either configured the bound is None (order the whole queue). `free`: `free_slots`,
     if the caller has it.
     """
-    # vLLM internal: Scheduler.lora_config (absent: assume the LoRA limit may skip)
-    if getattr(scheduler, "lora_config", True) is not None:
+    if scheduler.lora_config is not None:  # vLLM internal: Scheduler.lora_config
         return None
     if scheduler.get_kv_connector() is not None:
         return None
@@ -208,7 +247,7 @@ def token_reach(scheduler: Scheduler) -> TokenReach | None:
     for name in SCAN_SHORTENERS:
         # vLLM internal: Scheduler.is_encoder_decoder / need_mamba_block_aligned_split /
         # num_prefill_lookahead / is_mm_encoder_only / max_num_encoder_input_tokens
-        if getattr(scheduler, name, True):
+        if getattr(scheduler, name):
             return None
     budget = token_budget(scheduler)
     block = block_size_of(kv_cache_manager(scheduler))
@@ -222,16 +261,10 @@ def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
     return output.num_scheduled_tokens
 
 
-def started_ids(output: SchedulerOutput) -> Iterable[str]:
-    """Ids of the requests a step took from the waiting queue: new ones and resumed ones (every
-    scheduled request when the output lacks those fields), without the running ones' decodes."""
-    resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None)
-    if resumed is None:
-        return output.num_scheduled_tokens.keys()
-    new = output.scheduled_new_reqs
-    if not resumed:
-        return [data.req_id for data in new]
-    return [*(data.req_id for data in new), *resumed]
+def started_ids(output: SchedulerOutput) -> list[str]:
+    """Ids of the requests a step took from the waiting queue: new ones and resumed ones, without
+    the running ones' decodes."""
+    return [*(data.req_id for data in output.scheduled_new_reqs), *resumed_ids(output)]
 
 
 def new_requests(scheduler: Any, output: SchedulerOutput) -> list[tuple[str, Request, int]]:
@@ -246,8 +279,38 @@ def new_requests(scheduler: Any, output: SchedulerOutput) -> list[tuple[str, Req
 
 
 def resumed_ids(output: SchedulerOutput) -> Iterable[str]:
-    """Ids of the preempted requests a step resumed (none when the output lacks the field)."""
-    return getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
+    """Ids of the preempted requests a step resumed that are not among its new requests.
+
+    0.32 and 0.33 list them apart (`CachedRequestData.resumed_req_ids`); from 0.34 a resumed
+    request comes in `scheduled_new_reqs` with the new ones, so none is apart.
+    """
+    if shape().resumed_apart:
+        # vLLM internal: CachedRequestData.resumed_req_ids (0.32, 0.33)
+        return output.scheduled_cached_reqs.resumed_req_ids  # type: ignore[attr-defined]
+    return ()
+
+
+def model_runner_output(
+    req_ids: list[str], sampled_token_ids: list[list[int]]
+) -> ModelRunnerOutput:
+    """A model runner's answer with these sampled tokens (the offline replay's fake model).
+
+    0.32 and 0.33 also want `req_id_to_index` (each id's row), which 0.34 removed.
+    """
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    rows: dict[str, Any] = {}
+    if shape().runner_output_index:
+        # vLLM internal: ModelRunnerOutput.req_id_to_index (0.32, 0.33)
+        rows["req_id_to_index"] = {req_id: i for i, req_id in enumerate(req_ids)}
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        sampled_token_ids=sampled_token_ids,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+        **rows,
+    )
 
 
 def reported_ids(result: Any, limit: int) -> list[str] | None:
@@ -324,22 +387,25 @@ def deferred_count(scheduler: Scheduler) -> int:
     return len(scheduler.deferred_waiting)  # vLLM internal: Scheduler.deferred_waiting
 
 
-def report_request_error(scheduler: Scheduler, request_id: str) -> bool:
+def report_request_error(scheduler: Scheduler, request_id: str, reason: str) -> None:
     """Have vLLM finish a waiting request with FINISHED_ERROR at the next `update_from_output`.
 
     vLLM finishes a waiting request with an error output delivered to its client only from
-    `update_from_output`, via the id sets it drains there (0.32; the same set exists in the
-    upstream versions around it); `grammar_compile_error_reqs` is the one that needs no other
-    state. Returns False (nothing done) if the set is missing: the request then only stays last.
-
-    vLLM's error output carries no text (`stop_reason` None); `explain_errors` adds the reason.
+    `update_from_output`, via what it drains there; `grammar_compile_error_reqs` is the one that
+    needs no other state. 0.32 keeps a set of ids, and its error output carries no text
+    (`explain_errors` adds `reason` as its `stop_reason`). From 0.33 it maps each id to a
+    `RequestError`, vLLM's type for a request-level error: an `AsyncLLM` client (the OpenAI
+    server) gets `reason` as a validation error.
     """
-    # vLLM internal: Scheduler.grammar_compile_error_reqs
-    errors = getattr(scheduler, "grammar_compile_error_reqs", None)
-    if not isinstance(errors, set):
-        return False
-    errors.add(request_id)
-    return True
+    # vLLM internal: Scheduler.grammar_compile_error_reqs (a set of ids in 0.32, a dict of
+    # RequestError since 0.33; `check_internals` refuses anything else at start-up)
+    errors = scheduler.grammar_compile_error_reqs
+    if isinstance(errors, dict):
+        from vllm.outputs import RequestError
+
+        errors[request_id] = RequestError(code="validation_error", message=reason)
+    else:
+        errors.add(request_id)
 
 
 def explain_errors(result: Any, reasons: dict[str, str]) -> None:
@@ -347,11 +413,12 @@ def explain_errors(result: Any, reasons: dict[str, str]) -> None:
     `update_from_output`'s result (client index -> `EngineCoreOutputs`); each reason given is
     removed from `reasons`.
 
-    vLLM has no field for an error's text on a generation request (0.32): the error output
+    0.32 has no field for an error's text on a generation request: the error output
     `update_from_output` builds for a `report_request_error` request carries `finish_reason`
-    ERROR and nothing else. Its output processor copies `stop_reason` into the client's
-    `CompletionOutput.stop_reason` (what `LLM.generate` / `AsyncLLM.generate` return); vLLM's
-    OpenAI server answers every "error" finish with HTTP 500 "Internal server error" anyway.
+    ERROR and nothing else, and its output processor copies `stop_reason` into the client's
+    `CompletionOutput.stop_reason`; vLLM's OpenAI server answers every "error" finish with HTTP
+    500 "Internal server error". From 0.33 the output's `error` carries the text to an
+    `AsyncLLM` client; an `LLM.generate` caller still reads it in `stop_reason`.
     """
     from vllm.v1.engine import FinishReason
 
@@ -377,6 +444,16 @@ def chunked_prefill(scheduler: Scheduler) -> bool:
     """The share needs chunked prefill (a capped request continues in the next step)."""
     # vLLM internal: Scheduler.scheduler_config / SchedulerConfig.enable_chunked_prefill
     return bool(scheduler.scheduler_config.enable_chunked_prefill)
+
+
+def cache_aware_admission_window(vllm_config: VllmConfig) -> int:
+    """vLLM's `--cache-aware-admission-window` (0.34; 0: off, as in releases without it)."""
+    from vllm.config import SchedulerConfig
+
+    if "cache_aware_admission_window" not in SchedulerConfig.__dataclass_fields__:
+        return 0  # 0.32, 0.33: no such option
+    # vLLM internal: SchedulerConfig.cache_aware_admission_window (0.34)
+    return int(vllm_config.scheduler_config.cache_aware_admission_window)
 
 
 def token_budget(scheduler: Scheduler) -> int:
@@ -516,6 +593,19 @@ def prefix_cache_lookup_enabled(manager: KVCacheManager, request: Request) -> bo
     return bool(manager.prefix_cache_lookup_enabled(request))
 
 
+def skips_external_kv(request: Request) -> bool:
+    """Whether vLLM loads none of this request's prefix from a KV connector (the CPU tier).
+
+    0.34: `Request.skip_reading_external_kv`, true for any request with a prefix-cache hit
+    limit (skipping the cache, or prompt logprobs); 0.32 and 0.33: the flag
+    `Request.skip_reading_prefix_cache`.
+    """
+    if shape().hit_limit:
+        return bool(request.skip_reading_external_kv)  # vLLM internal: Request (0.34)
+    # vLLM internal: Request.skip_reading_prefix_cache (0.32, 0.33)
+    return bool(request.skip_reading_prefix_cache)  # type: ignore[attr-defined]
+
+
 def longest_cache_hit(
     coordinator: KVCacheCoordinator, block_hashes: list[BlockHash], max_length: int
 ) -> tuple[Any, int]:
@@ -536,11 +626,9 @@ def block_hash_map(pool: BlockPool) -> Any:
     return pool.cached_block_hash_to_block  # vLLM internal: BlockPool.cached_block_hash_to_block
 
 
-def hash_map_dict(hash_map: Any) -> dict[bytes, Any] | None:
-    """The plain dict behind the hash map (key -> block, or a dict of duplicate blocks), or None
-    when vLLM no longer keeps one: then only `hash_map_getter` works."""
-    raw = getattr(hash_map, "_cache", None)  # vLLM internal: BlockHashToBlockMap._cache
-    return raw if isinstance(raw, dict) else None
+def hash_map_dict(hash_map: Any) -> dict[bytes, Any]:
+    """The plain dict behind the hash map: key -> an entry (`entry_block_reader` reads it)."""
+    return hash_map._cache  # type: ignore[no-any-return]  # vLLM internal: BlockHashToBlockMap._cache
 
 
 def hash_map_getter(hash_map: Any) -> Any:
@@ -548,11 +636,22 @@ def hash_map_getter(hash_map: Any) -> Any:
     return hash_map.get_one_block  # vLLM internal: BlockHashToBlockMap.get_one_block
 
 
-def one_block(entry: Any) -> KVCacheBlock | None:
-    """A block from a hash-map entry (a block, or several duplicates in a dict)."""
-    # vLLM internal: BlockHashToBlockMap entries (a block, or a dict of duplicate blocks)
+def entry_block_reader(pool: BlockPool) -> Callable[[Any], KVCacheBlock | None]:
+    """entry -> one block of a hash-map entry (None -> None).
+
+    0.34 keeps a block id, an index into `BlockPool.blocks`; 0.32 and 0.33 a block, or a dict
+    of duplicate blocks.
+    """
+    if shape().map_holds_ids:
+        blocks = pool.blocks  # vLLM internal: BlockPool.blocks (0.34: what map entries index)
+        return lambda entry: None if entry is None else blocks[entry]
+    return _one_block
+
+
+def _one_block(entry: Any) -> KVCacheBlock | None:
+    # vLLM internal: BlockHashToBlockMap entries (0.32, 0.33: a block, or a dict of duplicates)
     if entry is None or not isinstance(entry, dict):
-        return entry
+        return entry  # type: ignore[no-any-return]
     return next(iter(entry.values()), None)
 
 
@@ -586,18 +685,20 @@ def supports_incremental(coordinator: KVCacheCoordinator, pool: BlockPool) -> bo
         type(manager) is FullAttentionManager
         and not _eagle_groups(coordinator)  # EAGLE drops the last hit block
         and pool.hash_block_size == manager.block_size  # vLLM internal: BlockPool.hash_block_size
-        and getattr(coordinator, "dcp_world_size", 1) == 1
-        and getattr(coordinator, "pcp_world_size", 1) == 1
+        and coordinator.dcp_world_size == 1  # vLLM internal: KVCacheCoordinator.dcp_world_size
+        and coordinator.pcp_world_size == 1  # vLLM internal: KVCacheCoordinator.pcp_world_size
         and keys_are_suffixed()
     )
 
 
 def _eagle_groups(coordinator: KVCacheCoordinator) -> set[int]:
-    # vLLM internal: KVCacheCoordinator.eagle_group_ids (0.33 adds drop_eagle_group_ids)
-    groups: Iterable[int] | None = getattr(coordinator, "drop_eagle_group_ids", None)
-    if groups is None:
-        return set(getattr(coordinator, "eagle_group_ids", set()))
-    return set(groups)
+    # vLLM internal: KVCacheCoordinator.drop_eagle_group_ids (0.33, 0.34: the groups whose last
+    # hit block is dropped) / eagle_group_ids (0.32)
+    if hasattr(type(coordinator), "drop_eagle_group_ids") or hasattr(
+        coordinator, "drop_eagle_group_ids"
+    ):
+        return set(coordinator.drop_eagle_group_ids)
+    return set(coordinator.eagle_group_ids)
 
 
 # --- the free queue (soft eviction protection) ----------------------------------------------------
@@ -620,9 +721,7 @@ def move_to_mru_end(free_queue: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheB
 def ends_with(free_queue: FreeKVCacheBlockQueue, wanted: Sequence[KVCacheBlock]) -> bool:
     """True if the free queue already ends with wanted[-1], ..., wanted[0] (wanted[0] last)."""
     # vLLM internals: FreeKVCacheBlockQueue.fake_free_list_tail, KVCacheBlock.prev_free_block
-    node = getattr(free_queue, "fake_free_list_tail", None)  # the list's tail sentinel
-    if node is None:
-        return False
+    node = free_queue.fake_free_list_tail  # the list's tail sentinel
     for block in wanted:
         node = node.prev_free_block
         if node is not block:
@@ -641,10 +740,16 @@ INTERNAL_NAMES: tuple[str, ...] = (
     "Scheduler.deferred_waiting",
     "Scheduler.kv_cache_manager",
     "Scheduler.grammar_compile_error_reqs",
+    "Scheduler.max_num_active_reqs",
+    "Scheduler.num_waiting_for_streaming_input",
+    "Scheduler.lora_config",
+    *(f"Scheduler.{name}" for name in SCAN_SHORTENERS),
     "KVCacheManager.coordinator",
     "KVCacheManager.block_pool",
     "KVCacheCoordinator.find_longest_cache_hit",
     "KVCacheCoordinator.single_type_managers",
+    "KVCacheCoordinator.dcp_world_size",
+    "KVCacheCoordinator.pcp_world_size",
     "BlockPool.cached_block_hash_to_block",
     "BlockHashToBlockMap.get_one_block",
     "BlockHashToBlockMap._cache",
@@ -675,7 +780,8 @@ STEP_PLAN_INTERNAL_NAMES: tuple[str, ...] = (
 
 
 def check_internals(scheduler: Scheduler) -> list[str]:
-    """Names from `INTERNAL_NAMES` (and the queue type) missing on this live scheduler."""
+    """Names from `INTERNAL_NAMES` (and the queue type) missing on this live scheduler; what the
+    names mean is `selftest`'s job."""
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 
@@ -696,6 +802,12 @@ def check_internals(scheduler: Scheduler) -> list[str]:
         obj = objects.get(owner)
         if obj is None or not hasattr(obj, attr):
             missing.append(name)
+    errors = getattr(scheduler, "grammar_compile_error_reqs", None)
+    if errors is not None and not isinstance(errors, (set, dict)):
+        missing.append(
+            f"Scheduler.grammar_compile_error_reqs as a set (0.32) or dict (0.33+), found "
+            f"{type(errors).__name__}"
+        )
     # public fields, checked too: the probe reads them on every waiting request
     for attr in ("request_id", "arrival_time", "num_tokens", "block_hashes", "status"):
         if attr not in _request_attrs():

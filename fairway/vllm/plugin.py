@@ -13,7 +13,7 @@ be the reason a server does not start):
   `vllm` logger, with `propagate=False`, so `fairway.*` INFO lines (start-up options) would
   otherwise vanish;
 * logs the Fairway version once per process;
-* warns if the installed vLLM is outside the range Fairway was tested with (>=0.32,<0.34).
+* warns if the installed vLLM is not a release Fairway supports (`fairway.vllm_versions`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,10 @@ from collections.abc import Mapping
 from vllm.logger import init_logger
 
 import fairway
+from fairway import vllm_versions
 from fairway.errors import FairwayError
 
 logger = init_logger(__name__)
-
-#: Tested vLLM versions: [MIN, MAX) as (major, minor).
-SUPPORTED_MIN = (0, 32)
-SUPPORTED_MAX = (0, 34)
 
 _registered = False
 
@@ -118,16 +115,17 @@ def _vllm_version() -> str:
 
 
 def version_problem(version: str) -> str | None:
-    """A warning text if `version` is outside the supported range, else None."""
-    try:
-        parts = version.split("+")[0].split(".")
-        major_minor = (int(parts[0]), int(parts[1]))
-    except (ValueError, IndexError):
-        return f"cannot parse the vLLM version {version!r}; Fairway supports vLLM >=0.32,<0.34"
-    if SUPPORTED_MIN <= major_minor < SUPPORTED_MAX:
+    """A warning text if `version` is not a supported release (any patch of one), else None."""
+    if vllm_versions.release(version) is None:
+        return (
+            f"cannot parse the vLLM version {version!r}; Fairway supports vLLM "
+            f"{vllm_versions.describe()}"
+        )
+    if vllm_versions.is_supported(version):
         return None
     return (
-        f"vLLM {version} is outside the range Fairway {fairway.__version__} supports "
-        "(>=0.32,<0.34). The scheduler checks the vLLM internals it needs at start-up and "
-        "refuses to start if one is missing; run `make compat` to test this version."
+        f"vLLM {version} is not a release Fairway {fairway.__version__} supports "
+        f"({vllm_versions.describe()}). The scheduler checks the vLLM internals it needs at "
+        f"start-up and refuses to start if one is missing or changed; run `make rebase "
+        f"VLLM={version.split('+')[0]}` to test this version."
     )

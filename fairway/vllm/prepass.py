@@ -336,13 +336,14 @@ class StepPrepass:
         self.stats.oversized_rejected += 1
         block_size, usable = self.probe.block_size, internals.usable_blocks(self.scheduler)
         protect.log_oversized(request_id, num_tokens, block_size, usable)
-        if internals.report_request_error(self.scheduler, request_id):
-            self.error_reasons[request_id] = (
-                f"Fairway: the request needs {protect.blocks_needed(num_tokens, block_size)} KV "
-                f"blocks ({num_tokens} tokens, block size {block_size}) but the KV cache has only "
-                f"{usable} usable blocks, so it can never be scheduled. Send a shorter prompt, "
-                "or raise the server's KV cache size."
-            )
+        reason = (
+            f"Fairway: the request needs {protect.blocks_needed(num_tokens, block_size)} KV "
+            f"blocks ({num_tokens} tokens, block size {block_size}) but the KV cache has only "
+            f"{usable} usable blocks, so it can never be scheduled. Send a shorter prompt, "
+            "or raise the server's KV cache size."
+        )
+        internals.report_request_error(self.scheduler, request_id, reason)
+        self.error_reasons[request_id] = reason  # the error output's `stop_reason`, too
 
     def explain_errors(self, result: object) -> None:
         """Give the error outputs of requests `reject` finished their reason (`stop_reason`,

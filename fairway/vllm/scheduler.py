@@ -27,6 +27,7 @@ from vllm.v1.request import Request
 
 import fairway
 import fairway.policies as policies
+from fairway import vllm_versions
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.options import FairwayOptions
 from fairway.policies.queue import (
@@ -308,6 +309,15 @@ def check_engine_config(
             f"by cached prefix length, and prefix caching is off (policies that work without "
             f"it: {', '.join(agnostic)})"
         )
+    window = internals.cache_aware_admission_window(vllm_config)
+    if window:
+        raise FairwayConfigError(
+            f"start vLLM without --cache-aware-admission-window (it is {window}): vLLM would "
+            "re-sort the head of the waiting queue by cached prefix inside its step, after "
+            "Fairway ordered it, and undo Fairway's order. Fairway's Fast lane already puts "
+            "cached prefixes first within its bound; for vLLM's window rule itself, run the "
+            "policy 'vllm-window'"
+        )
 
 
 def _classifier(
@@ -391,14 +401,20 @@ def _make_calibration(scheduler: FairwaySchedulerMixin) -> SchedulerCalibration 
 
 
 def _check_internals(scheduler: Scheduler) -> None:
-    missing = internals.check_internals(scheduler)
-    if missing:
+    """Refuse to start when a vLLM internal Fairway uses is missing (`check_internals`) or means
+    something else on this vLLM (`selftest`: a few steps of an offline scheduler of vLLM's own)."""
+    from fairway.vllm import selftest
+
+    found = internals.check_internals(scheduler)
+    if not found:
+        found = list(selftest.problems())
+    if found:
         import vllm
 
         raise FairwayError(
             f"Fairway {fairway.__version__} does not support vLLM {vllm.__version__}: vLLM "
-            f"internals it uses are missing or changed: {', '.join(missing)}. Supported: "
-            "vLLM >=0.32,<0.34 (run `make compat` against a new version)."
+            f"internals it uses are missing or changed: {'; '.join(found)}. Supported: vLLM "
+            f"{vllm_versions.describe()} (run `make rebase VLLM={vllm.__version__}`)."
         )
 
 

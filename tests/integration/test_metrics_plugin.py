@@ -223,8 +223,8 @@ def test_plugin_never_raises(restore_fairway_logger, monkeypatch):
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("0.32.0", True), ("0.32.0+cpu", True), ("0.33.1", True), ("0.34.0", False),
-     ("0.31.2", False), ("dev", False)],
+    [("0.32.0", True), ("0.32.0+cpu", True), ("0.33.1", True), ("0.34.0", True),
+     ("0.34.0+cpu", True), ("0.35.0", False), ("0.31.2", False), ("dev", False)],
 )  # fmt: skip
 def test_version_range(version, ok):
     from fairway.vllm.plugin import version_problem
