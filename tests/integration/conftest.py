@@ -36,10 +36,12 @@ def queue_ids(scheduler: Any) -> list[str]:
 
 
 def check_queues(scheduler: Any, expected_live: Iterable[str] | None = None) -> None:
-    """Every live request sits in exactly one of waiting / kv_holding_waiting / running."""
+    """Every live request sits in exactly one of waiting / kv_holding_waiting / running (and
+    vLLM 0.34's async_kv_waiting)."""
     placed = (
         queue_ids(scheduler)
         + [r.request_id for r in scheduler.kv_holding_waiting]
+        + [r.request_id for r in getattr(scheduler, "async_kv_waiting", ())]
         + [r.request_id for r in scheduler.running]
     )
     dupes = [rid for rid, n in Counter(placed).items() if n > 1]

@@ -161,6 +161,20 @@ def test_plain_vllm_line_with_priority_queue_passes_the_check():
     assert options_from_vllm_argv(argv, {}).policy == "fairway"
 
 
+@pytest.mark.parametrize("form", [["--cache-aware-admission-window", "16"],
+                                  ["--cache-aware-admission-window=16"],
+                                  ["--cache_aware_admission_window", "16"]])
+def test_vllms_admission_window_is_refused_before_the_model_loads(form):
+    """vLLM 0.34's window would re-sort the head of the queue after Fairway ordered it."""
+    with pytest.raises(FairwayConfigError, match="cache-aware-admission-window 16.*vllm-window"):
+        plan("m", *form)
+    argv = ["vllm", "serve", "m", "--scheduler-cls", SCHEDULER_CLS, *form]
+    with pytest.raises(FairwayConfigError, match="undoing Fairway's order"):
+        options_from_vllm_argv(argv, {})
+    assert flag_value(argv_of("m", "--cache-aware-admission-window", "0"),
+                      "cache-aware-admission-window") == "0"  # off: allowed
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [('["heavy","light"]', ["heavy", "light"]),
