@@ -685,15 +685,16 @@ def supports_incremental(coordinator: KVCacheCoordinator, pool: BlockPool) -> bo
         type(manager) is FullAttentionManager
         and not _eagle_groups(coordinator)  # EAGLE drops the last hit block
         and pool.hash_block_size == manager.block_size  # vLLM internal: BlockPool.hash_block_size
-        and coordinator.dcp_world_size == 1  # vLLM internal: KVCacheCoordinator.dcp_world_size
-        and coordinator.pcp_world_size == 1  # vLLM internal: KVCacheCoordinator.pcp_world_size
+        # vLLM internal: UnitaryKVCacheCoordinator.dcp_world_size / pcp_world_size
+        and coordinator.dcp_world_size == 1
+        and coordinator.pcp_world_size == 1
         and keys_are_suffixed()
     )
 
 
 def _eagle_groups(coordinator: KVCacheCoordinator) -> set[int]:
-    # vLLM internal: KVCacheCoordinator.drop_eagle_group_ids (0.33, 0.34: the groups whose last
-    # hit block is dropped) / eagle_group_ids (0.32)
+    # vLLM internal: KVCacheCoordinator.drop_eagle_group_ids / eagle_group_ids (the groups whose
+    # last hit block is dropped: the first from 0.33, the second in 0.32)
     if hasattr(type(coordinator), "drop_eagle_group_ids") or hasattr(
         coordinator, "drop_eagle_group_ids"
     ):
@@ -748,8 +749,6 @@ INTERNAL_NAMES: tuple[str, ...] = (
     "KVCacheManager.block_pool",
     "KVCacheCoordinator.find_longest_cache_hit",
     "KVCacheCoordinator.single_type_managers",
-    "KVCacheCoordinator.dcp_world_size",
-    "KVCacheCoordinator.pcp_world_size",
     "BlockPool.cached_block_hash_to_block",
     "BlockHashToBlockMap.get_one_block",
     "BlockHashToBlockMap._cache",

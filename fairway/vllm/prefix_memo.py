@@ -576,7 +576,10 @@ class PrefixMemo:
             cached[rows] = values
 
     def check_map(self) -> None:
-        """After `reset_prefix_cache()` (a new hash map) every memo is stale: probe again."""
+        """After `reset_prefix_cache()` every memo is stale: probe again. 0.32 and 0.33 replace
+        the hash map, which this notices; 0.34 clears it in place, so every hit's tail key is
+        gone and the next `advance()` shrinks every memo through the eviction index
+        (`tests/integration/test_probe.py::test_reset_prefix_cache_forgets_every_hit`)."""
         if internals.block_hash_map(self._pool) is self._hash_map:
             return
         self._bind()

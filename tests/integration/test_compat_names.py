@@ -108,10 +108,13 @@ def test_request_surface(offline):
 
 
 def test_error_finish_path(offline):
-    """`grammar_compile_error_reqs` is drained by update_from_output into FINISHED_ERROR."""
+    """`grammar_compile_error_reqs` (a set in 0.32, a dict of RequestError from 0.33) is drained
+    by update_from_output into FINISHED_ERROR."""
+    from fairway.vllm import internals
+
     sched = offline.make_offline_scheduler(None)
     sched.add_request(offline.make_request("e", list(range(40)), 5.0))
-    sched.grammar_compile_error_reqs.add("e")
+    internals.report_request_error(sched, "e", "why")
     out = sched.schedule()
     sched.update_from_output(out, offline.fake_model_output(sched, out))
     assert "e" not in sched.requests

@@ -29,19 +29,16 @@ CHECKED_OWNERS = {
 UNCHECKED = {
     "Scheduler.vllm_config": "vLLM's own __init__ sets it; the mixin reads it before any check",
     "Scheduler.scheduler_config": "check_step_plan_internals reads it to check the config",
-    "Scheduler.lora_config": "read with getattr: absent means the LoRA limit may skip (no bound)",
-    "Scheduler.num_waiting_for_streaming_input": "read with getattr: absent means 0",
     "Scheduler.finished_req_ids": "the offline replay's offload tier only (offload_worker)",
-    "Request.skip_reading_prefix_cache": "read with getattr: absent means False",
+    "Request.skip_reading_prefix_cache": "0.32/0.33 only (VllmShape.hit_limit picks it or "
+    "skip_reading_external_kv); the self-test checks what it means",
     "Request.num_computed_tokens": "a public field; the marker is on schedule()'s timing",
-    "KVCacheCoordinator.eagle_group_ids": "read with getattr (drop_eagle_group_ids first)",
-    **{
-        f"Scheduler.{name}": "read with getattr: absent means on (no token bound on the scan)"
-        for name in (
-            "is_encoder_decoder", "need_mamba_block_aligned_split", "num_prefill_lookahead",
-            "is_mm_encoder_only", "max_num_encoder_input_tokens",
-        )
-    },
+    "KVCacheCoordinator.eagle_group_ids": "0.32 only (drop_eagle_group_ids from 0.33), read "
+    "after supports_incremental's coordinator check",
+    "KVCacheCoordinator.drop_eagle_group_ids": "0.33 and 0.34 (eagle_group_ids in 0.32)",
+    "BlockPool.blocks": "0.34's map entries index it (VllmShape.map_holds_ids); the self-test "
+    "reads entries through it",
+    "SchedulerConfig.cache_aware_admission_window": "0.34 only: read when the config declares it",
 }
 
 #: Names vLLM 0.32 offers publicly, which Fairway reads untagged: name -> where vLLM declares it.
@@ -52,7 +49,6 @@ PUBLIC = {
     "SchedulerOutput.scheduled_new_reqs": "SchedulerInterface.schedule()'s result",
     "SchedulerOutput.kv_connector_metadata": "SchedulerInterface.schedule()'s result",
     "NewRequestData.num_computed_tokens": "SchedulerOutput.scheduled_new_reqs",
-    "CachedRequestData.resumed_req_ids": "SchedulerOutput.scheduled_cached_reqs",
     "EngineCoreOutputs.outputs": "SchedulerInterface.update_from_output()'s result",
     "Request.request_id": "the Request fields the KV connector API reads",
     "Request.arrival_time": "the Request fields (EngineCoreRequest.arrival_time)",
@@ -120,7 +116,7 @@ def test_the_public_names_exist(offline):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.interface import SchedulerInterface
-    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.request import RequestStatus
 
@@ -131,7 +127,6 @@ def test_the_public_names_exist(offline):
                  "kv_connector_metadata"):
         assert name in SchedulerOutput.__dataclass_fields__
     assert "num_computed_tokens" in NewRequestData.__dataclass_fields__
-    assert "resumed_req_ids" in CachedRequestData.__dataclass_fields__
     assert "outputs" in EngineCoreOutputs.__struct_fields__
     assert {"request_id", "finish_reason", "stop_reason"} <= set(EngineCoreOutput.__struct_fields__)
     assert RequestStatus.PREEMPTED and "extra_args" in SamplingParams.__struct_fields__

@@ -101,7 +101,7 @@ def _world(seed):
     rng = random.Random(seed)
     blocks = [KVCacheBlock(i) for i in range(60)]
     for b in blocks[1:]:
-        b._block_hash = b"h%d" % b.block_id  # cached
+        b.set_block_hash(b"h%d" % b.block_id)  # cached
         b.ref_cnt = 0 if rng.random() < 0.8 else 1
     tree = {1: [blocks[1]]}
     for i in range(2, 60):

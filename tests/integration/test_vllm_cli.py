@@ -33,7 +33,11 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                           capture_output=True, text=True, timeout=60, check=True)
     assert "vllm_dist_info:" in done.stdout
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRWAY_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(site), env.get("PYTHONPATH", "")])
+    # the set-up's metadata after any PYTHONPATH already set: the matrix's overlay of a newer
+    # vLLM (benchmarks/compat/vllm_sources.py) brings its own
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), env.get("PYTHONPATH", ""), str(site)) if p
+    )
     env["HF_HUB_OFFLINE"] = "1"
     return env
 
