@@ -94,6 +94,11 @@ COMMANDS: dict[str, Entry] = {
     # README.md
     "make bench": Entry("MAKE", "the full default benchmark (minutes)"),
     "make test": Entry("MAKE", "the test suite itself"),
+    # FAIRWAY.md (upgrading vLLM)
+    "make rebase VLLM=0.34.0": Entry(
+        "MAKE", "fetches a release and runs the matrix and vLLM's own tests on it (~20 min); "
+        "tests/unit/test_rebase.py tests its parts, CI runs the matrix"
+    ),
     ".venv/bin/fairway serve MODEL --profile my-gpu.json [vLLM args]":
         Entry("PARSE", _SERVER, _VLLM_ARGS),
     ".venv/bin/fairway profile --model MODEL -o my-gpu.json":
