@@ -147,8 +147,8 @@ def request_tenant(request: Request) -> object:
     """The tenant a request names in `vllm_xargs` (`SamplingParams.extra_args["tenant"]`), or
     None (no sampling parameters, no extra arguments, no tenant)."""
     # `vllm_xargs` of an OpenAI request fills `SamplingParams.extra_args`
-    params = request.sampling_params
-    extra = getattr(params, "extra_args", None) if params is not None else None
+    params = request.sampling_params  # None for a pooling request
+    extra = params.extra_args if params is not None else None
     return extra.get(TENANT_KEY) if isinstance(extra, dict) else None
 
 
@@ -858,8 +858,7 @@ def offloading_scheduler(connector: Any) -> Any:
     """
     if type(connector).__name__ != "OffloadingConnector":
         return None
-    # vLLM internal: OffloadingConnector.connector_scheduler
-    return getattr(connector, "connector_scheduler", None)
+    return connector.connector_scheduler  # vLLM internal: OffloadingConnector.connector_scheduler
 
 
 def offload_group(tier_scheduler: Any) -> tuple[int, int, int]:

@@ -64,7 +64,7 @@ def check_tier_blocks(scheduler: Any, blocks: int) -> None:
     """
     tier = tier_scheduler(scheduler)
     # vLLM internal: CPUOffloadingManager._num_chunks, SchedulerOffloadConfig.blocks_per_chunk
-    chunks = getattr(tier.manager, "_num_chunks", None)
+    chunks = tier.manager._num_chunks
     per_chunk = tier.config.blocks_per_chunk
     if chunks != blocks or per_chunk != 1:
         raise FairwayConfigError(

@@ -270,7 +270,7 @@ class FairwayScheduler(FairwaySchedulerMixin, Scheduler):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FairwayScheduler:
         config = kwargs["vllm_config"] if "vllm_config" in kwargs else (args or (None,))[0]
-        if cls is FairwayScheduler and _async_scheduling(config):
+        if cls is FairwayScheduler and config is not None and _async_scheduling(config):
             cls = FairwayAsyncScheduler
         return super().__new__(cls)  # object.__new__: the arguments go to __init__ only
 
@@ -285,8 +285,7 @@ class FairwayAsyncScheduler(FairwayScheduler, AsyncScheduler):
 
 def _async_scheduling(vllm_config: Any) -> bool:
     """The engine's resolved async-scheduling setting (None, not yet resolved: synchronous)."""
-    scheduler_config = getattr(vllm_config, "scheduler_config", None)
-    return bool(getattr(scheduler_config, "async_scheduling", False))
+    return bool(vllm_config.scheduler_config.async_scheduling)
 
 
 # --- start-up checks ------------------------------------------------------------------------------
