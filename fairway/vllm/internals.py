@@ -286,7 +286,7 @@ def resumed_ids(output: SchedulerOutput) -> Iterable[str]:
     """
     if shape().resumed_apart:
         # vLLM internal: CachedRequestData.resumed_req_ids (0.32, 0.33)
-        return output.scheduled_cached_reqs.resumed_req_ids  # type: ignore[attr-defined]
+        return output.scheduled_cached_reqs.resumed_req_ids
     return ()
 
 
@@ -452,8 +452,8 @@ def cache_aware_admission_window(vllm_config: VllmConfig) -> int:
 
     if "cache_aware_admission_window" not in SchedulerConfig.__dataclass_fields__:
         return 0  # 0.32, 0.33: no such option
-    # vLLM internal: SchedulerConfig.cache_aware_admission_window (0.34)
-    return int(vllm_config.scheduler_config.cache_aware_admission_window)
+    # vLLM internal: SchedulerConfig.cache_aware_admission_window (0.34; no default: declared)
+    return int(getattr(vllm_config.scheduler_config, "cache_aware_admission_window"))  # noqa: B009
 
 
 def token_budget(scheduler: Scheduler) -> int:
@@ -601,9 +601,10 @@ def skips_external_kv(request: Request) -> bool:
     `Request.skip_reading_prefix_cache`.
     """
     if shape().hit_limit:
-        return bool(request.skip_reading_external_kv)  # vLLM internal: Request (0.34)
+        # vLLM internal: Request.skip_reading_external_kv (0.34; no default: the name exists)
+        return bool(getattr(request, "skip_reading_external_kv"))  # noqa: B009
     # vLLM internal: Request.skip_reading_prefix_cache (0.32, 0.33)
-    return bool(request.skip_reading_prefix_cache)  # type: ignore[attr-defined]
+    return bool(request.skip_reading_prefix_cache)
 
 
 def longest_cache_hit(
@@ -628,7 +629,8 @@ def block_hash_map(pool: BlockPool) -> Any:
 
 def hash_map_dict(hash_map: Any) -> dict[bytes, Any]:
     """The plain dict behind the hash map: key -> an entry (`entry_block_reader` reads it)."""
-    return hash_map._cache  # type: ignore[no-any-return]  # vLLM internal: BlockHashToBlockMap._cache
+    cache: dict[bytes, Any] = hash_map._cache  # vLLM internal: BlockHashToBlockMap._cache
+    return cache
 
 
 def hash_map_getter(hash_map: Any) -> Any:
@@ -651,7 +653,7 @@ def entry_block_reader(pool: BlockPool) -> Callable[[Any], KVCacheBlock | None]:
 def _one_block(entry: Any) -> KVCacheBlock | None:
     # vLLM internal: BlockHashToBlockMap entries (0.32, 0.33: a block, or a dict of duplicates)
     if entry is None or not isinstance(entry, dict):
-        return entry  # type: ignore[no-any-return]
+        return entry
     return next(iter(entry.values()), None)
 
 
@@ -695,10 +697,8 @@ def supports_incremental(coordinator: KVCacheCoordinator, pool: BlockPool) -> bo
 def _eagle_groups(coordinator: KVCacheCoordinator) -> set[int]:
     # vLLM internal: KVCacheCoordinator.drop_eagle_group_ids / eagle_group_ids (the groups whose
     # last hit block is dropped: the first from 0.33, the second in 0.32)
-    if hasattr(type(coordinator), "drop_eagle_group_ids") or hasattr(
-        coordinator, "drop_eagle_group_ids"
-    ):
-        return set(coordinator.drop_eagle_group_ids)
+    if hasattr(coordinator, "drop_eagle_group_ids"):
+        return set(getattr(coordinator, "drop_eagle_group_ids"))  # noqa: B009 (0.32 lacks it)
     return set(coordinator.eagle_group_ids)
 
 
@@ -722,9 +722,9 @@ def move_to_mru_end(free_queue: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheB
 def ends_with(free_queue: FreeKVCacheBlockQueue, wanted: Sequence[KVCacheBlock]) -> bool:
     """True if the free queue already ends with wanted[-1], ..., wanted[0] (wanted[0] last)."""
     # vLLM internals: FreeKVCacheBlockQueue.fake_free_list_tail, KVCacheBlock.prev_free_block
-    node = free_queue.fake_free_list_tail  # the list's tail sentinel
+    node: KVCacheBlock | None = free_queue.fake_free_list_tail  # the list's tail sentinel
     for block in wanted:
-        node = node.prev_free_block
+        node = node.prev_free_block if node is not None else None
         if node is not block:
             return False
     return True

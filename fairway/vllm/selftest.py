@@ -134,7 +134,7 @@ def _prefix_hits(offline: Any) -> str | None:
     getter = internals.hash_map_getter(internals.block_hash_map(pool))
     if [getter(h + suffix) for h in request.block_hashes[:3]] != blocks:
         return "hash-map entries read as other blocks than get_one_block returns"
-    protected = internals.evictable_blocks(blocks)
+    protected = internals.evictable_blocks([b for b in blocks if b is not None])
     free_queue = internals.free_block_queue(sched)
     internals.move_to_mru_end(free_queue, reversed(protected))
     if not protected or not internals.ends_with(free_queue, protected):

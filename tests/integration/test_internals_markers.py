@@ -32,6 +32,8 @@ UNCHECKED = {
     "Scheduler.finished_req_ids": "the offline replay's offload tier only (offload_worker)",
     "Request.skip_reading_prefix_cache": "0.32/0.33 only (VllmShape.hit_limit picks it or "
     "skip_reading_external_kv); the self-test checks what it means",
+    "Request.skip_reading_external_kv": "0.34 only (VllmShape.hit_limit); the self-test checks "
+    "what it means",
     "Request.num_computed_tokens": "a public field; the marker is on schedule()'s timing",
     "KVCacheCoordinator.eagle_group_ids": "0.32 only (drop_eagle_group_ids from 0.33), read "
     "after supports_incremental's coordinator check",
