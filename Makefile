@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup test unit integration e2e lint bench compat
+.PHONY: setup test unit integration e2e lint bench compat rebase
 
 setup:
 	./scripts/setup.sh
@@ -24,9 +24,16 @@ integration: setup
 e2e: setup
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-# vLLM's own scheduler tests (from the pinned sdist) with Fairway's class substituted; not in CI.
+# vLLM's own scheduler tests (from a version's sdist, on that version's code: VLLM=X.Y.Z, default
+# the installed one) with Fairway's class substituted; not in CI.
 compat: setup
-	$(PY) benchmarks/compat/run_compat.py $(COMPAT_ARGS)
+	$(PY) benchmarks/compat/run_compat.py $(if $(VLLM),--vllm-version $(VLLM)) $(COMPAT_ARGS)
+
+# Try a new vLLM release: fetch it, run the matrix and compat on it, print the upstream diff of the
+# vLLM files Fairway reads (benchmarks/compat/README.md). REBASE_ARGS=--no-matrix / --no-compat.
+rebase: setup
+	@test -n "$(VLLM)" || { echo "usage: make rebase VLLM=X.Y.Z [REBASE_ARGS=...]" >&2; exit 2; }
+	$(PY) benchmarks/compat/rebase.py $(VLLM) $(REBASE_ARGS)
 
 # ruff, then mypy on fairway/ (its settings, strict for the policies, are in pyproject.toml).
 lint: setup

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Run vLLM's own scheduler tests (from the sdist of the installed version) against Fairway.
+"""Run vLLM's own scheduler tests (from a version's sdist) against Fairway, on that version's code.
 
 `make compat` runs this. Steps, each cached under `.cache/compat/` (gitignored):
 
-1. fetch the vLLM sdist of the installed version with pip (`pip download --no-binary vllm`);
+1. fetch the vLLM sdist of the version (`--vllm-version`, default the installed one) with pip
+   (`pip download --no-binary vllm`);
    pip prepares the sdist's metadata, which imports torch and needs setuptools-rust, so this runs
    in a small helper environment that sees this one's packages (`VLLM_TARGET_DEVICE=empty`: no
    compilation, only the metadata);
@@ -16,10 +17,17 @@
 5. run pytest with the `fairway_compat` plugin, which substitutes FairwayScheduler /
    FairwayAsyncScheduler (policy fcfs) in upstream's `create_scheduler` harnesses and in the
    builders of upstream's priority-scheduling tests (`create_scheduler_with_priority`, ...:
-   `--scheduling-policy priority`, the levels first, each in the policy's order).
+   `--scheduling-policy priority`, the levels first, each in the policy's order). For a version
+   other than the installed one, pytest runs on that release's Python code over the CPU build
+   (`vllm_sources.overlay_env`: the overlay first on PYTHONPATH), so a version's tests meet its
+   own scheduler. A selected test file the version's sdist does not have is reported as
+   "missing in X, not run" and left out.
 
-Usage: run_compat.py [--policy fcfs] [--tests PATH ...] [-k EXPR] [-- PYTEST_ARGS...]
-Exit code: pytest's (0 when nothing failed; skips are reported with their reasons).
+Usage: run_compat.py [--vllm-version X] [--policy fcfs] [--tests PATH ...] [-k EXPR]
+                     [-- PYTEST_ARGS...]
+Prints one summary line (`compat: vLLM X ...: PASS|FAIL`). Exit code: pytest's (0 when nothing
+failed; skips and expected differences are reported with their reasons; an expected difference
+that passes is stale and fails the run); 4 when no selected file exists in the version's sdist.
 """
 
 from __future__ import annotations
@@ -36,9 +44,11 @@ import sysconfig
 import tarfile
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))  # vllm_sources (the overlay of another version's code)
 
 #: The selection run by default (paths inside the sdist). See README.md for what each covers.
 DEFAULT_TESTS = (
@@ -59,6 +69,8 @@ DEFAULT_TESTS = (
 #: index's hash; this pins what the README's results were measured on).
 KNOWN_SHA256 = {
     "0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+    "0.33.0": "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
+    "0.34.0": "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113",
 }
 
 #: Test-only imports of upstream's tests/conftest.py that vLLM's wheel does not pull in.
@@ -123,6 +135,65 @@ HUB_CONFIGS = {
         "tie_word_embeddings": True,
         "bos_token_id": 128000,
         "eos_token_id": [128001, 128008, 128009],
+        "torch_dtype": "bfloat16",
+    },
+    # vLLM 0.33+: test_streaming_lookahead_hashes_follow_recomputed_kv builds its MTP speculative
+    # config from this hybrid (Gated DeltaNet + attention, MoE) model's config
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "hidden_size": 2048,
+        "intermediate_size": 5120,
+        "num_hidden_layers": 48,
+        "full_attention_interval": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "partial_rotary_factor": 0.25,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000000,
+        "max_position_embeddings": 262144,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "torch_dtype": "bfloat16",
+    },
+    # vLLM 0.34+
+    "Qwen/Qwen3-0.6B": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "max_window_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "max_position_embeddings": 40960,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
         "torch_dtype": "bfloat16",
     },
 }
@@ -251,18 +322,85 @@ def install_test_deps(site: Path) -> None:
 
 
 def write_hub_cache(hub: Path) -> None:
-    """Stand-in snapshots of `HUB_CONFIGS` in Hugging Face's cache layout (offline resolution)."""
+    """Stand-in snapshots of `HUB_CONFIGS` in Hugging Face's cache layout (offline resolution);
+    a snapshot whose config differs from `HUB_CONFIGS` is rewritten."""
     from fairway.tiny_model import write_tokenizer
 
     for repo, config in HUB_CONFIGS.items():
         base = hub / f"models--{repo.replace('/', '--')}"
         snapshot = base / "snapshots" / _SNAPSHOT
-        if (snapshot / "config.json").exists():
+        text = json.dumps(config, indent=1) + "\n"
+        path = snapshot / "config.json"
+        if path.exists() and path.read_text() == text:
             continue
-        write_tokenizer(snapshot, vocab_size=512, max_len=config["max_position_embeddings"])
-        (snapshot / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        write_tokenizer(snapshot, vocab_size=512, max_len=_max_len(config))
+        path.write_text(text)
         (base / "refs").mkdir(parents=True, exist_ok=True)
         (base / "refs" / "main").write_text(_SNAPSHOT)
+
+
+def _max_len(config: dict[str, Any]) -> int:
+    """The stand-in tokenizer's model_max_length: the model's, for text models; the text part's
+    for a multimodal config."""
+    for source in (config, config.get("text_config") or {}):
+        if "max_position_embeddings" in source:
+            return int(source["max_position_embeddings"])
+    return 2048
+
+
+def select_tests(tests: list[str], tests_dir: Path) -> tuple[list[str], list[str]]:
+    """The selected test paths (or node ids) that the version's sdist has, and the ones it does
+    not (upstream removes and renames test files between releases)."""
+    present, missing = [], []
+    for test in tests:
+        (present if (tests_dir / test.split("::", 1)[0]).exists() else missing).append(test)
+    return present, missing
+
+
+def compat_env(
+    version: str, installed: str, base: dict[str, str], paths: list[Path]
+) -> dict[str, str]:
+    """The environment pytest runs in: `paths` (this folder, the extracted tests, the test-only
+    site) on PYTHONPATH, after the version's overlay when it is not the installed version."""
+    env = dict(base)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*(str(p) for p in paths), base.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if version != installed:
+        from vllm_sources import overlay_env
+
+        env = overlay_env(version, env)
+        # informational only, and a FAIRWAY_ name Fairway's option parser does not know: every
+        # Fairway scheduler would refuse to start ("unknown Fairway variable")
+        env.pop("FAIRWAY_VLLM_OVERLAY", None)
+    return env
+
+
+def summary_line(
+    version: str, policy: str, summary: dict[str, Any] | None, missing: list[str], code: int
+) -> str:
+    """The one line a run ends with: the counts, the missing files, PASS or FAIL."""
+    missing_part = f", {len(missing)} missing in {version} (not run)" if missing else ""
+    if summary is None:
+        return (
+            f"compat: vLLM {version} (policy {policy}): no results (pytest exit {code})"
+            f"{missing_part}: FAIL"
+        )
+    counts = summary["counts"]
+    passed = (
+        counts["passed with a Fairway scheduler"] + counts["passed without building a scheduler"]
+    )
+    stale = counts.get("stale expected differences (passed)", 0)
+    parts = [
+        f"{passed} passed ({counts['passed with a Fairway scheduler']} with a Fairway scheduler)",
+        f"{counts['failed']} failed",
+        f"{counts['expected differences (xfailed)']} expected differences",
+        *([f"{stale} stale expected differences (passed)"] if stale else []),
+        f"{counts['skipped']} skipped",
+    ]
+    verdict = "PASS" if code == 0 and not counts["failed"] and not stale else "FAIL"
+    return f"compat: vLLM {version} (policy {policy}): {', '.join(parts)}{missing_part}: {verdict}"
 
 
 def pytest_command(args: argparse.Namespace, tests_dir: Path, report: Path) -> list[str]:
@@ -292,7 +430,12 @@ def pytest_command(args: argparse.Namespace, tests_dir: Path, report: Path) -> l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vllm-version", default=None, help="default: the installed one")
+    parser.add_argument(
+        "--vllm-version",
+        default=None,
+        help="the vLLM release whose tests run, on its own Python code (default: the installed "
+        "one; another one runs over the CPU build through vllm_sources.overlay_env)",
+    )
     parser.add_argument("--cache-dir", type=Path, default=ROOT / ".cache" / "compat")
     parser.add_argument(
         "--policy",
@@ -307,30 +450,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
 
-    version = args.vllm_version or installed_vllm_version()
+    installed = installed_vllm_version()
+    version = args.vllm_version or installed
     cache = args.cache_dir.resolve()
     tests_dir = extract_tests(fetch_sdist(version, cache), cache / f"vllm-{version}")
+    args.tests, missing = select_tests(args.tests, tests_dir)
+    for test in missing:
+        print(f"compat: {test} missing in {version}, not run", flush=True)
+    report = cache / f"results-vllm-{version}-{args.policy}.json"
+    if not args.tests:
+        print(f"compat: vLLM {version}: none of the selected test files is in its sdist: FAIL")
+        return 4
     site = cache / "site"
     install_test_deps(site)
     hub = cache / "hf" / "hub"
     write_hub_cache(hub)
-    report = cache / f"results-vllm-{version}-{args.policy}.json"
-    env = {
+    base = {
         **os.environ,
         "FAIRWAY_POLICY": args.policy,
         "FAIRWAY_COMPAT_REPORT": str(report),
+        "COMPAT_VLLM_VERSION": version,  # fairway_compat.VERSION_ENV
         "HF_HUB_OFFLINE": "1",
         "HF_HOME": str(cache / "hf"),
         "HF_HUB_CACHE": str(hub),
-        "PYTHONPATH": os.pathsep.join(
-            [str(HERE), str(tests_dir), str(site), os.environ.get("PYTHONPATH", "")]
-        ).rstrip(os.pathsep),
     }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env = compat_env(version, installed, base, [HERE, tests_dir, site])
+    if version != installed:
+        print(
+            f"compat: vLLM {version}'s Python code over the installed {installed} build "
+            f"(overlay {env['PYTHONPATH'].split(os.pathsep)[0]})",
+            flush=True,
+        )
     cmd = pytest_command(args, tests_dir, report)
     print("compat: $", " ".join(cmd), flush=True)
+    if report.exists():
+        report.unlink()
     code = subprocess.run(cmd, cwd=tests_dir, env=env).returncode
+    summary = None
+    if report.exists():
+        results = json.loads(report.read_text())
+        results.update(vllm=version, policy=args.policy, exit_code=code, missing=missing)
+        report.write_text(json.dumps(results, indent=1) + "\n")
+        summary = results["summary"]
     print(f"compat: results in {report}")
+    print(summary_line(version, args.policy, summary, missing, code), flush=True)
     return code
 
 

@@ -95,6 +95,7 @@ def test_summary_counts_priority_tests_and_expected_differences(compat):
         "failed": 2,
         "skipped": 1,
         "expected differences (xfailed)": 1,
+        "stale expected differences (passed)": 0,
     }
     assert summary["priority"] == {
         "tests": 5, "passed": 2, "failed": 2, "expected differences": 1,
