@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup test unit integration e2e lint bench compat rebase
+.PHONY: setup test unit integration e2e lint bench compat rebase matrix
 
 setup:
 	./scripts/setup.sh
@@ -23,6 +23,13 @@ integration: setup
 
 e2e: setup
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+# The scheduler-level suite (integration tests, a replay smoke run) on each supported vLLM's code
+# (fairway/vllm_versions.py), newer releases' Python code laid over the CPU build. MATRIX_VLLM
+# picks versions (CI: the two not installed; `make test` and `make bench` cover the installed one).
+MATRIX_VLLM ?=
+matrix: setup
+	$(PY) benchmarks/compat/run_matrix.py $(if $(MATRIX_VLLM),--vllm $(MATRIX_VLLM)) $(MATRIX_ARGS)
 
 # vLLM's own scheduler tests (from a version's sdist, on that version's code: VLLM=X.Y.Z, default
 # the installed one) with Fairway's class substituted; not in CI.

