@@ -13,6 +13,7 @@ found, and the scheduler refuses to start. Runs once per process (about 0.1-0.3 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +28,16 @@ Check = tuple[str, Callable[[Any], "str | None"]]
 
 @functools.cache
 def problems() -> tuple[str, ...]:
-    """`find_problems()`, once per process (what a Fairway scheduler checks at start-up)."""
-    return find_problems()
+    """`find_problems()`, once per process (what a Fairway scheduler checks at start-up), with
+    vLLM's logging held at ERROR meanwhile: the offline schedulers' own start-up lines (CPU
+    block-size advice, config notes) say nothing about the server being started."""
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    vllm_logger.setLevel(logging.ERROR)
+    try:
+        return find_problems()
+    finally:
+        vllm_logger.setLevel(level)
 
 
 def find_problems() -> tuple[str, ...]:
