@@ -157,15 +157,15 @@ def test_requests_that_are_not_plain_keep_their_positions(offline, helpers) -> N
     """A request waiting for remote KV blocks and one partly computed hold their positions in
     both re-sorts, the ones past the window too (vLLM's re-sort called alone, and Fairway's
     pre-pass alone: the scan would treat those two requests specially)."""
-    seed = helpers.tokens(50_000, 3 * BLOCK)
+    doc = helpers.tokens(50_000, 3 * BLOCK)
     queues = []
     for ours in (False, True):
         sched = _build(offline, 4, 0.0, ours)
-        sched.add_request(offline.make_request("seed", seed + [9], 0.0, block_size=BLOCK))
-        offline.step(sched)  # seed's prompt is now cached
+        sched.add_request(offline.make_request("first", doc + [9], 0.0, block_size=BLOCK))
+        offline.step(sched)  # the document is now cached
         names = ["cold", "blocked", "started", "warm", "warm-tail"]
         for k, name in enumerate(names):
-            prompt = (seed if name.startswith("warm") else helpers.tokens(60_000 * (k + 1), 48))
+            prompt = (doc if name.startswith("warm") else helpers.tokens(60_000 * (k + 1), 48))
             sched.add_request(offline.make_request(
                 name, prompt + [k + 10], 1.0 + k, block_size=BLOCK
             ))
