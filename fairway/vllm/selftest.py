@@ -7,7 +7,7 @@ vLLM before a Fairway scheduler serves.
 vLLM's own, offline, from the same vLLM (`offline.make_offline_scheduler`, no model, a fake KV
 cache of a few blocks), drives a few steps through `internals` and compares each answer with
 what vLLM itself then does. Each failed check is reported by the internal's name and what was
-found, and the scheduler refuses to start. Runs once per process (about 0.1-0.3 s).
+found, and the scheduler refuses to start. Runs once per process.
 """
 
 from __future__ import annotations
