@@ -320,7 +320,7 @@ def serve_command(
 
 def profile_command(args: argparse.Namespace, out_dir: Path, url: str) -> list[str]:
     """`fairway profile --url` against a server started like the live ones; writes profile.json."""
-    from fairway.profiling.profiler import detect_local_hardware
+    from fairway.profiling.hardware import detect_local_hardware
 
     return taskset(args.client_cpus, [
         sys.executable, "-m", "fairway.cli", "profile", "--url", url,

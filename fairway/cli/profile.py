@@ -2,9 +2,10 @@
 
 Against a running server (`--url`), or a vLLM server this command starts on 127.0.0.1 and stops
 afterwards (`--model DIR`, vLLM arguments after `--`; `fairway.supervisor`). The measuring is
-`fairway.profiling.profiler`; this module parses arguments and prints. `register(subparsers)`
-adds the verb to the `fairway` parser. On a CUDA machine it also measures the offload tier's
-load cost (`fairway.profiling.copy_rate`) into the table's `metadata["load_cost"]`.
+`fairway.profiling.profiler` (the table: `measured_profile`; its text and plot: `profile_report`);
+this module parses arguments and prints. `register(subparsers)` adds the verb to the `fairway`
+parser. On a CUDA machine it also measures the offload tier's load cost
+(`fairway.profiling.copy_rate`) into the table's `metadata["load_cost"]`.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def _non_negative_int(text: str) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     from fairway import supervisor
-    from fairway.profiling import profiler
+    from fairway.profiling import measured_profile, profile_report, profiler
+    from fairway.profiling.hardware import detect_local_hardware
 
     output = Path(args.output)
     if output.exists() and not args.force:
@@ -150,7 +152,7 @@ def _profile(args: argparse.Namespace) -> int:
     )
     extra: dict[str, Any] = {}
     if args.model is not None:
-        detected = profiler.detect_local_hardware()
+        detected = detect_local_hardware()
         hardware = args.hardware or detected or "unknown"
         hardware_detected = args.hardware is None and detected is not None
         extra["server"] = {"started_by": "fairway profile", "model_path": args.model,
@@ -180,7 +182,7 @@ def _profile(args: argparse.Namespace) -> int:
     if args.note:
         extra["note"] = args.note
     def build(step_time: str) -> Any:
-        return profiler.build_profile(
+        return measured_profile.build_profile(
             run, hardware=hardware, hardware_detected=hardware_detected,
             command=command_line(args, vllm_args), extra=extra, step_time=step_time,
         )
@@ -197,7 +199,7 @@ def _profile(args: argparse.Namespace) -> int:
         _say(f"no load_cost measured ({no_load_cost}): the offload tier's load cost will be "
              f"the estimate for the GPU class of {hardware!r} (load_cost.estimate: "
              f"{estimate(outcome.profile).note})")
-    print(profiler.format_report(outcome))
+    print(profile_report.format_report(outcome))
     print(f"wrote {output} ({len(outcome.profile.points)} points; hardware: {hardware})")
     if not args.no_plot:
         _plot(outcome, Path(args.plot) if args.plot else output.with_suffix(".png"))
@@ -272,10 +274,10 @@ def _vllm_args(args: argparse.Namespace) -> list[str]:
 
 
 def _plot(outcome: Any, path: Path) -> None:
-    from fairway.profiling import profiler
+    from fairway.profiling import profile_report
 
     try:
-        profiler.plot_profile(outcome, path)
+        profile_report.plot_profile(outcome, path)
     except ImportError as exc:  # e.g. the vLLM container image has no matplotlib
         print(f"fairway: warning: no plot ({exc}); the table is written", file=sys.stderr)
         return

@@ -49,7 +49,7 @@ def _nonnegative(kind: str, **values: float) -> None:
 
 @dataclass(frozen=True)
 class QuadraticFit:
-    """T(L) = a + b*L + c*L^2, the profiler's least-squares curve (`profiler.fit_quadratic`).
+    """T(L) = a + b*L + c*L^2, the least-squares curve of `measured_profile.fit_quadratic`.
 
     As a step-time model: o = a, C(L) = b*L + c*L^2 (see `fairway.profiling.step_time`).
     """

@@ -3,8 +3,9 @@
 Talks HTTP only (must not import vllm): the server may be any vLLM-compatible endpoint, local or
 remote. One request at a time on an otherwise idle server, token-id prompts on `/v1/completions`
 with `max_tokens=1`, timed by the client from send to the first response token; the result is a
-`fairway.profiling.table.PrefillProfile` table plus a least-squares curve T(L) = a + b*L + c*L^2
-(`fairway.profiling.fits.QuadraticFit`). HTTP goes through `fairway.client` (aiohttp).
+`ProfileRun` of raw samples. `fairway.profiling.measured_profile` turns it into the
+`fairway.profiling.table.PrefillProfile` table plus a least-squares curve T(L) = a + b*L + c*L^2,
+and `fairway.profiling.profile_report` shows it. HTTP goes through `fairway.client` (aiohttp).
 """
 
 from __future__ import annotations
@@ -14,25 +15,16 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import random
-import shutil
 import statistics
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from fairway import client
 from fairway.errors import FairwayError
-from fairway.machine import cpu_model
-from fairway.profiling.fits import QuadraticFit
-from fairway.profiling.table import PrefillProfile
 
 if TYPE_CHECKING:
     import aiohttp
@@ -54,15 +46,6 @@ _UNIQUE_TOKENS = 4
 DEFAULT_TIMEOUT_S = 600.0
 _INFO_TIMEOUT_S = 30.0
 _MAX_ERROR_CHARS = 300
-
-METHOD = (
-    "client-side time from sending a /v1/completions request (token-id prompt, max_tokens=1, "
-    "{mode}) to its first response token, one request at a time on an otherwise idle server; "
-    "includes the HTTP round trip and request handling (see overhead_s, the same measurement "
-    "for a 1-token prompt); prompts are random token ids whose first tokens are unique per "
-    "request, so nothing hits the prefix cache; lengths are interleaved round-robin; median of "
-    "{repeats} repetitions after {warmup} warm-up round(s)"
-)
 
 
 class ProfilerError(FairwayError):
@@ -165,25 +148,6 @@ class ProfileRun:
     def medians(self) -> list[tuple[int, float]]:
         """(prompt_tokens, median seconds) per length, ascending."""
         return [(s.prompt_tokens, s.median_s) for s in self.samples]
-
-
-@dataclass(frozen=True)
-class Adjustment:
-    """A measured median changed to keep the table non-decreasing."""
-
-    prompt_tokens: int
-    measured_s: float
-    stored_s: float
-
-
-@dataclass(frozen=True)
-class ProfileOutcome:
-    """The table and what was derived on the way (for printing and plotting)."""
-
-    run: ProfileRun
-    profile: PrefillProfile
-    fit: QuadraticFit
-    adjustments: tuple[Adjustment, ...] = field(default_factory=tuple)
 
 
 # --- lengths ------------------------------------------------------------------------------------
@@ -485,202 +449,3 @@ async def _sample(
             f"{n}: {samples[n][-1] * 1e3:.1f} ms" for n in lengths
         ))
     return samples
-
-
-# --- deriving the table -------------------------------------------------------------------------
-
-
-def non_decreasing(
-    points: Sequence[tuple[int, float]],
-) -> tuple[list[tuple[int, float]], list[Adjustment]]:
-    """The least-squares non-decreasing fit of the medians (pool adjacent violators).
-
-    Noise can make a longer prompt measure faster than a shorter one, which `PrefillProfile`
-    rejects. Pooling each violating run to its mean moves the points as little as possible
-    (in squared seconds), unlike a running maximum, which only ever raises them.
-    """
-    blocks: list[list[float]] = []  # [sum, count] per pooled block
-    for _, t in points:
-        blocks.append([t, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    fitted = [s / c for s, c in blocks for _ in range(int(c))]
-    result = [(n, fitted[i]) for i, (n, _) in enumerate(points)]
-    adjusted = [
-        Adjustment(n, t, fitted[i]) for i, (n, t) in enumerate(points) if fitted[i] != t
-    ]
-    return result, adjusted
-
-
-def fit_quadratic(points: Sequence[tuple[int, float]]) -> QuadraticFit:
-    """Least squares of T(L) = a + b*L + c*L^2 on relative error (each row divided by T).
-
-    Relative, because the ladder spans two or three orders of magnitude of time: plain least
-    squares would fit the longest prompts and ignore the short ones, where the fixed cost lives.
-    Fewer points, fewer terms: two points give a line, one a proportion.
-    """
-    lengths = np.array([n for n, _ in points], dtype=np.float64)
-    seconds = np.array([t for _, t in points], dtype=np.float64)
-    degree = min(2, len(points) - 1)
-    if degree == 0:
-        return QuadraticFit(0.0, float(seconds[0] / lengths[0]), 0.0)
-    scale = lengths.max()  # columns of similar size: a well-conditioned solve
-    x = lengths / scale
-    design = np.stack([x**k for k in range(degree + 1)], axis=1) / seconds[:, None]
-    solved, *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
-    coef = [float(c) / scale**k for k, c in enumerate(solved)] + [0.0] * (2 - degree)
-    return QuadraticFit(coef[0], coef[1], coef[2])
-
-
-def build_profile(
-    run: ProfileRun,
-    *,
-    hardware: str,
-    hardware_detected: bool,
-    command: str | None = None,
-    extra: dict[str, Any] | None = None,
-    step_time: str = "table",
-) -> ProfileOutcome:
-    """The table (non-decreasing medians) with its metadata, and the fitted curve.
-
-    `step_time`: what the replay prices steps with when given the table: "table" (the points)
-    or "quadratic" (the fit, saved in the file's `step_time` entry).
-
-    Raises:
-        ProfileError: "quadratic" and a fitted coefficient is negative (it cannot price steps).
-    """
-    medians = run.medians()
-    points, adjustments = non_decreasing(medians)
-    fit = fit_quadratic(medians)
-    settings = run.settings
-    metadata: dict[str, Any] = {
-        "source": "measured",
-        "hardware": hardware,
-        "hardware_detected": hardware_detected,
-        "model": run.server.model,
-        "vllm_version": run.server.vllm_version,
-        "max_model_len": run.server.max_model_len,
-        "date": run.date,
-        "method": METHOD.format(
-            mode="streaming" if settings.stream else "not streaming",
-            repeats=settings.repeats, warmup=settings.warmup_rounds,
-        ),
-        "repetitions": settings.repeats,
-        "warmup_rounds": settings.warmup_rounds,
-        "overhead_s": round(run.overhead.median_s, 6),
-        "fit": fit.describe(),
-        "monotone": (
-            "medians made non-decreasing by pool-adjacent-violators (least squares); "
-            f"{len(adjustments)} point(s) changed, see adjusted"
-        ),
-        "adjusted": [[a.prompt_tokens, round(a.measured_s, 6), round(a.stored_s, 6)]
-                     for a in adjustments],
-        "samples_s": {str(s.prompt_tokens): [round(t, 6) for t in s.seconds]
-                      for s in (run.overhead, *run.samples)},
-        "measurement_wall_s": round(run.wall_s, 1),
-        "generated_by": command or "fairway profile",
-    }
-    metadata.update(extra or {})
-    spec = None
-    if step_time == QuadraticFit.KIND:
-        fit.check_prices_steps()
-        spec = fit.to_spec()
-    elif step_time != "table":
-        raise ValueError(f"step_time must be 'table' or 'quadratic', got {step_time!r}")
-    table = PrefillProfile(tuple((n, round(t, 6)) for n, t in points), metadata, spec)
-    return ProfileOutcome(run, table, fit, tuple(adjustments))
-
-
-# --- reporting ----------------------------------------------------------------------------------
-
-
-def format_report(outcome: ProfileOutcome) -> str:
-    """The table as text: per length median, spread, stored value, fit and throughput."""
-    run, fit = outcome.run, outcome.fit
-    stored = dict(outcome.profile.points)
-    lines = [
-        f"{'tokens':>8} {'median_s':>10} {'min_s':>10} {'max_s':>10} {'table_s':>10} "
-        f"{'fit_s':>10} {'tokens/s':>10}"
-    ]
-    for s in run.samples:
-        n = s.prompt_tokens
-        lines.append(
-            f"{n:>8} {s.median_s:>10.4f} {min(s.seconds):>10.4f} {max(s.seconds):>10.4f} "
-            f"{stored[n]:>10.4f} {fit(n):>10.4f} {n / stored[n]:>10.0f}"
-        )
-    lines.append(f"overhead (1-token prompt, median): {run.overhead.median_s:.4f} s")
-    lines.append(f"fit: {fit}")
-    for a in outcome.adjustments:
-        lines.append(
-            f"note: T({a.prompt_tokens}) measured {a.measured_s:.4f} s, stored {a.stored_s:.4f} s "
-            "(kept non-decreasing)"
-        )
-    return "\n".join(lines)
-
-
-def plot_profile(outcome: ProfileOutcome, path: str | Path) -> Path:
-    """A PNG of the samples (median and range), the stored table and the fitted curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    run, fit = outcome.run, outcome.fit
-    lengths = np.array([s.prompt_tokens for s in run.samples], dtype=np.float64)
-    medians = np.array([s.median_s for s in run.samples])
-    low = medians - np.array([min(s.seconds) for s in run.samples])
-    high = np.array([max(s.seconds) for s in run.samples]) - medians
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.errorbar(lengths, medians, yerr=[low, high], fmt="o", capsize=3,
-                label=f"median of {run.settings.repeats} (bars: min-max)")
-    ax.plot(*zip(*outcome.profile.points, strict=True), "-", alpha=0.6, label="table")
-    grid = np.geomspace(lengths.min(), lengths.max(), 200)
-    ax.plot(grid, fit(grid), "--", label=f"fit: {fit}".replace("s/token", "s/tok"))
-    ax.axhline(run.overhead.median_s, color="grey", linestyle=":", label="1-token round trip")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("prompt tokens L")
-    ax.set_ylabel("idle prefill time T(L) [s]")
-    meta = outcome.profile.metadata
-    ax.set_title(f"{meta.get('model', run.server.model)}\n{meta.get('hardware', '?')}", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-# --- hardware -----------------------------------------------------------------------------------
-
-
-def detect_local_hardware() -> str | None:
-    """This machine's accelerator (`nvidia-smi`) or CPU model and usable cores; None if unknown."""
-    gpus = _nvidia_gpus()
-    if gpus:
-        names = sorted(set(gpus))
-        return ", ".join(f"{gpus.count(n)} x {n}" for n in names)
-    model = cpu_model()
-    if model is None:
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"CPU: {model}, {cores} cores usable"
-
-
-def _nvidia_gpus() -> list[str]:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [" (".join(part.strip() for part in line.split(",", 1)) + ")"
-            for line in out.splitlines() if line.strip()]

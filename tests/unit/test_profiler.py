@@ -20,7 +20,7 @@ from stub_server import serve_app
 
 from fairway import cli, client
 from fairway.errors import ProfileError
-from fairway.profiling import profiler, step_time
+from fairway.profiling import measured_profile, profiler, step_time
 from fairway.profiling import table as profile
 from fairway.profiling.profiler import ProfilerError, ProfileSettings
 from fairway.supervisor import free_port
@@ -92,11 +92,11 @@ def stub() -> Iterator[Stub]:
 
 
 @pytest.fixture(scope="module")
-def outcome(stub: Stub) -> profiler.ProfileOutcome:
+def outcome(stub: Stub) -> measured_profile.ProfileOutcome:
     stub.received.clear()
     settings = ProfileSettings(lengths=LENGTHS, repeats=3, warmup_rounds=1)
     run = profiler.measure(stub.url + "/v1/", settings)
-    return profiler.build_profile(run, hardware="unknown", hardware_detected=False)
+    return measured_profile.build_profile(run, hardware="unknown", hardware_detected=False)
 
 
 def test_table_is_valid_non_decreasing_and_near_the_truth(outcome) -> None:
@@ -198,34 +198,34 @@ def test_no_max_model_len_needs_lengths() -> None:
 
 
 def test_non_decreasing_pools_violators() -> None:
-    points, adjusted = profiler.non_decreasing([(1, 1.0), (2, 3.0), (3, 2.0), (4, 4.0)])
+    points, adjusted = measured_profile.non_decreasing([(1, 1.0), (2, 3.0), (3, 2.0), (4, 4.0)])
     assert points == [(1, 1.0), (2, 2.5), (3, 2.5), (4, 4.0)]
     assert [(a.prompt_tokens, a.measured_s, a.stored_s) for a in adjusted] == [
         (2, 3.0, 2.5), (3, 2.0, 2.5),
     ]
-    assert profiler.non_decreasing([(1, 1.0), (2, 2.0)]) == ([(1, 1.0), (2, 2.0)], [])
+    assert measured_profile.non_decreasing([(1, 1.0), (2, 2.0)]) == ([(1, 1.0), (2, 2.0)], [])
 
 
 def test_fit_recovers_a_quadratic() -> None:
     a, b, c = 0.01, 2e-5, 3e-9
     points = [(n, a + b * n + c * n * n) for n in (128, 512, 2048, 8192, 32768)]
-    fit = profiler.fit_quadratic(points)
+    fit = measured_profile.fit_quadratic(points)
     assert (fit.a_s, fit.b_s_per_token, fit.c_s_per_token2) == pytest.approx((a, b, c), rel=1e-6)
-    line = profiler.fit_quadratic(points[:2])
+    line = measured_profile.fit_quadratic(points[:2])
     assert line.c_s_per_token2 == 0.0 and line(128) == pytest.approx(points[0][1])
 
 
 def test_the_fit_can_be_saved_as_the_step_time_model(outcome) -> None:
     convex = [profiler.LengthSamples(n, (0.01 + 1e-5 * n + 1e-9 * n * n,)) for n in LENGTHS]
     run = dataclasses.replace(outcome.run, samples=tuple(convex))
-    saved = profiler.build_profile(run, hardware="h", hardware_detected=False,
+    saved = measured_profile.build_profile(run, hardware="h", hardware_detected=False,
                                    step_time="quadratic")
     assert saved.profile.step_time == saved.fit.to_spec()
     assert saved.profile.step_time["kind"] == "quadratic"
     model = step_time.for_profile(profile.from_json(saved.profile.to_json()))
     assert model == saved.fit and model.step_time_s([(0, 512)]) == pytest.approx(saved.fit(512))
     # The default keeps the table as the model: no entry, as before.
-    plain = profiler.build_profile(run, hardware="h", hardware_detected=False)
+    plain = measured_profile.build_profile(run, hardware="h", hardware_detected=False)
     assert plain.profile.step_time is None and "step_time" not in plain.profile.to_json()
 
 
@@ -233,7 +233,7 @@ def test_a_fit_with_a_negative_coefficient_cannot_price_steps(outcome) -> None:
     concave = [profiler.LengthSamples(n, (0.01 + 1e-4 * n - 5e-8 * n * n,)) for n in LENGTHS]
     run = dataclasses.replace(outcome.run, samples=tuple(concave))
     with pytest.raises(ProfileError, match="c_s_per_token2 must be a finite number >= 0"):
-        profiler.build_profile(run, hardware="h", hardware_detected=False,
+        measured_profile.build_profile(run, hardware="h", hardware_detected=False,
                                step_time="quadratic")
 
 
