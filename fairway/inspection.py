@@ -22,6 +22,9 @@ between (gauges such as the work spread change from step to step), and reports:
 
 Against plain vLLM (no `fairway:` series) it says so and reports what vLLM's series show, with a
 heuristic verdict from the queue length and the hit rate. No vLLM import: only HTTP.
+
+The reading of /metrics (fetch, parse, a window's deltas and quantiles) is
+`fairway.inspection_scrape`; the report's text, `fairway.inspection_text`.
 """
 
 from __future__ import annotations
@@ -35,7 +38,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fairway.errors import FairwayError
+from fairway.inspection_scrape import (
+    InspectError,
+    Samples,
+    delta,
+    fetch_metrics,
+    latency,
+    metrics_url,
+    parse,
+    total,
+)
 
 #: Work spread (max/min uncached tokens in the queue) from which ordering matters.
 SPREAD_THRESHOLD = 4.0
@@ -73,108 +85,6 @@ TRACE_TAIL_BYTES = 1 << 20
 _ESTIMATE_NOTE = (
     "median / p99 are estimates from histogram bucket deltas (linear within a bucket)"
 )
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-class InspectError(FairwayError):
-    """The server's /metrics cannot be read (not running, wrong URL, not Prometheus text)."""
-
-
-def metrics_url(url: str) -> str:
-    """`.../metrics` from a base URL given with or without `/v1` or `/metrics`."""
-    url = url.rstrip("/")
-    if url.endswith("/metrics"):
-        return url
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
-    return f"{url}/metrics"
-
-
-def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
-    """GET the Prometheus text at `url` (with the project's one HTTP client, `fairway.client`).
-
-    Raises:
-        InspectError: no answer, or an answer other than 200.
-    """
-    import aiohttp
-
-    from fairway import client
-
-    hint = "is the server running? (`fairway serve MODEL` or `vllm serve MODEL`) Check the URL"
-    try:
-        return client.fetch_text(url, timeout_s)
-    except client.HTTPStatusError as exc:
-        raise InspectError(f"GET {url} answered HTTP {exc.status}; {hint}") from None
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-        raise InspectError(f"cannot read {url}: {client.describe(exc)}; {hint}") from None
-
-
-def parse(text: str) -> Samples:
-    """Sample name -> [(labels, value)] of a Prometheus text exposition."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples: Samples = defaultdict(list)
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples[sample.name].append((dict(sample.labels), float(sample.value)))
-    except ValueError as exc:
-        raise InspectError(f"the answer is not Prometheus text: {exc}") from None
-    return dict(samples)
-
-
-def total(samples: Samples, name: str, **match: str) -> float | None:
-    """Sum of the samples of `name` whose labels include `match`; None when there is none."""
-    values = [v for labels, v in samples.get(name, ()) if _matches(labels, match)]
-    return math.fsum(values) if values else None
-
-
-def _matches(labels: Mapping[str, str], match: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in match.items())
-
-
-def delta(before: Samples, after: Samples, name: str, **match: str) -> float | None:
-    """Increase of a counter over the window (a reset counts from 0); None when absent."""
-    end = total(after, name, **match)
-    if end is None:
-        return None
-    start = total(before, name, **match) or 0.0
-    return end - start if end >= start else end
-
-
-def bucket_deltas(
-    before: Samples, after: Samples, histogram: str, **match: str
-) -> list[tuple[float, float]]:
-    """[(le, cumulative count)] of the window for `histogram`, summed over other labels."""
-    counts: dict[float, float] = defaultdict(float)
-    for sign, samples in ((-1.0, before), (1.0, after)):
-        for labels, value in samples.get(f"{histogram}_bucket", ()):
-            if _matches(labels, match):
-                counts[float(labels["le"])] += sign * value
-    return sorted((le, max(n, 0.0)) for le, n in counts.items())
-
-
-def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """The q-quantile of a cumulative histogram, linear within the bucket (None: no data)."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for le, cumulative in buckets:
-        if cumulative >= rank and cumulative > below:
-            if math.isinf(le):
-                return lower  # beyond the largest finite bound: that bound, as PromQL does
-            return lower + (le - lower) * (rank - below) / (cumulative - below)
-        lower, below = le, cumulative
-    return lower
-
-
-def latency(before: Samples, after: Samples, histogram: str, **match: str) -> dict[str, Any]:
-    """{"n", "median_s", "p99_s"} of a latency histogram over the window."""
-    buckets = bucket_deltas(before, after, histogram, **match)
-    n = buckets[-1][1] if buckets else 0.0
-    return {"n": round(n), "median_s": quantile(buckets, 0.5), "p99_s": quantile(buckets, 0.99)}
 
 
 @dataclass
@@ -485,112 +395,6 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(round(value))
 
 
-# --- text -----------------------------------------------------------------------------------------
-
-
-def render(report: Mapping[str, Any]) -> str:
-    """The report as the text `fairway inspect` prints."""
-    lines = [f"fairway inspect {report['url']}: {report['window_s']:.0f} s window, "
-             f"ended {report['at']}"]
-    if report["fairway_series"]:
-        lines.append(f"  Fairway       policy {', '.join(report['policy']) or '?'}")
-    else:
-        lines.append("  Fairway       series absent: this server does not run Fairway's "
-                     "scheduler (start it with `fairway serve`); from vLLM's series:")
-    req = report["requests"]
-    lines.append(f"  Requests      {_n(req['finished'])} finished; waiting {_n(req['waiting_now'])}"
-                 f" now, up to {_n(req['waiting_max'])} at a poll")
-    cache = report["prefix_cache"]
-    rate = "n/a" if cache["hit_rate"] is None else f"{cache['hit_rate']:.1%}"
-    lines.append(f"  Prefix cache  hit rate {rate} ({_n(cache['hit_tokens'])} of "
-                 f"{_n(cache['queried_tokens'])} prompt tokens)")
-    if report["fairway_series"]:
-        lines += _render_fairway(report)
-    else:
-        lines.append(f"  Verdict       {report['verdict']['text']}")
-    vllm = report["vllm_latency"]
-    lines.append(f"  vLLM TTFT     {_lat(vllm['ttft'])}   (all requests, vLLM's histogram)")
-    lines.append(f"  vLLM queue    {_lat(vllm['queue_time'])}")
-    lines.append(f"  Note          {report['estimates']}")
-    return "\n".join(lines)
-
-
-def _render_fairway(report: Mapping[str, Any]) -> list[str]:
-    spread = report["work_spread"]
-    lines = []
-    if spread["median"] is None:
-        lines.append("  Work spread   n/a (no ordered step between polls)")
-    else:
-        lines.append(f"  Work spread   {spread['median']:.1f}x median, {spread['p90']:.1f}x p90, "
-                     f"{spread['max']:.1f}x max "
-                     f"over {spread['samples']} samples (largest {_n(spread['largest_tokens'])}"
-                     f", smallest {_n(spread['smallest_tokens'])} uncached tokens)")
-    lines.append(f"  Verdict       {report['verdict']['text']}")
-    admitted = report["lanes"]["admitted"]
-    placed = sum(v or 0 for v in admitted.values())
-    split = ", ".join(f"{lane} {_n(n)} ({(n or 0) / placed:.0%})" for lane, n in admitted.items()
-                      if n) if placed else "none admitted"
-    lines.append(f"  Lanes         {split}")
-    tokens = report["lanes"]["prefill_tokens"]
-    if tokens:
-        lines.append("  Lane tokens   " + ", ".join(f"{k} {_n(v)}" for k, v in tokens.items()))
-    for cache in ("hit", "miss"):
-        row = report["by_cache"][cache]
-        lines.append(f"  {cache:<4} TTFT     {_lat(row['ttft'])}")
-        lines.append(f"  {cache:<4} queue    {_lat(row['queue_time'])}")
-    oldest = report["oldest_waiting_s"]
-    lines.append("  Oldest wait   " + ("n/a (series absent)" if oldest is None else
-                                      f"{oldest['now']:.2f} s now, {oldest['max']:.2f} s max"))
-    lines += _render_tenants(report.get("tenants"), report.get("tenant_counters"))
-    lines.append(f"  Fallbacks     {_n(report['fallbacks'])} steps kept vLLM's order")
-    pre = report["prepass"]
-    if pre["total_s"] is None or not pre["ordered_steps"]:
-        lines.append("  Pre-pass      n/a (no ordered step)")
-    else:
-        share_step = ("" if pre["share_of_step"] is None else
-                      f"; {pre['share_of_step']:.2%} of the mean step interval "
-                      f"({pre['mean_step_interval_s'] * 1e3:.1f} ms, {_n(pre['engine_steps'])} "
-                      "engine steps)")
-        lines.append(f"  Pre-pass      {pre['total_s'] * 1e3:.1f} ms in {_n(pre['ordered_steps'])}"
-                     f" ordered steps ({pre['per_step_s'] * 1e3:.3f} ms each), "
-                     f"{pre['share_of_window']:.3%} of the window{share_step}")
-    return lines
-
-
-def _render_tenants(
-    tenants: Mapping[str, Mapping[str, Any]] | None, counters: Mapping[str, Any] | None
-) -> list[str]:
-    """One line per tenant label (prefill tokens and share, waiting, TTFT), then the trace's
-    tenant counters; nothing without tenants."""
-    lines = []
-    for tenant, row in (tenants or {}).items():
-        share = "n/a" if row["share"] is None else f"{row['share']:.1%}"
-        lines.append(f"  Tenant {tenant:<6} prefill {_n(row['prefill_tokens'])} tokens ({share})"
-                     f"; waiting {_n(row['waiting_now'])} now, up to {_n(row['waiting_max'])}"
-                     f"; TTFT {_lat(row['ttft'])}")
-    if counters is not None:
-        values = ", ".join(f"{t} {_n(v)}" for t, v in counters["counters"].items())
-        lines.append(f"  Counters      {values} (uncached tokens / weight, above the lowest; "
-                     f"decision trace step {counters['step']})")
-    return lines
-
-
-def _n(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.0f}"
-
-
-def _lat(row: Mapping[str, Any]) -> str:
-    if not row["n"]:
-        return "n/a (no request in the window)"
-    return (f"median {_s(row['median_s'])}, p99 {_s(row['p99_s'])} (n={row['n']})")
-
-
-def _s(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
 def inspect(
     url: str, window_s: float = 60.0, *, decision_trace: str | Path | None = None, **kwargs: Any
 ) -> dict[str, Any]:
@@ -603,7 +407,6 @@ def inspect(
 
 
 __all__ = [
-    "SERIES", "SPREAD_THRESHOLD", "InspectError", "fetch_metrics", "inspect", "metrics_url",
-    "observe", "parse", "quantile", "render", "summarize", "tenant_order",
+    "SERIES", "SPREAD_THRESHOLD", "inspect", "observe", "summarize", "tenant_order",
     "trace_tenant_counters",
 ]

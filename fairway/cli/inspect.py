@@ -44,6 +44,7 @@ def register(subparsers: Any) -> None:
 
 def _inspect(args: argparse.Namespace) -> int:
     from fairway import inspection
+    from fairway.inspection_text import render
 
     report = inspection.inspect(args.url, args.window_s, interval_s=args.interval_s,
                                 progress=not args.no_progress and sys.stderr.isatty(),
@@ -51,5 +52,5 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))
     else:
-        print(inspection.render(report))
+        print(render(report))
     return 0

@@ -11,7 +11,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fairway import cli, inspection
+from fairway import cli, inspection, inspection_scrape
+from fairway.inspection_text import render
 from tests.unit.stub_server import serve_app
 
 LABELS = {"model_name": "tiny", "engine": "0"}
@@ -158,7 +159,7 @@ def test_report_from_a_fairway_server(stub):
     pre = report["prepass"]
     assert pre["ordered_steps"] == 40 and pre["total_s"] == pytest.approx(0.04)
     assert pre["engine_steps"] == 50 and pre["share_of_window"] == pytest.approx(0.04 / 2.0)
-    text = inspection.render(report)
+    text = render(report)
     for needle in ("policy fairway", "hit rate 75.0%", "ordering matters here", "fast 16 (80%)",
                    "hit  TTFT", "miss queue", "Oldest wait   1.50 s now", "Fallbacks     0",
                    "Pre-pass", "estimates from histogram bucket"):
@@ -184,7 +185,7 @@ def test_no_ordered_step_in_the_window(stub):
     texts += _scrapes(State(work=(500, 50)))  # the same scrape every time: nothing moved
     report = _observe(url)
     assert report["work_spread"]["samples"] == 0 and not report["verdict"]["matters"]
-    assert "Work spread   n/a" in inspection.render(report)
+    assert "Work spread   n/a" in render(report)
 
 
 def test_plain_vllm_says_the_fairway_series_are_absent(stub):
@@ -198,22 +199,22 @@ def test_plain_vllm_says_the_fairway_series_are_absent(stub):
     assert report["requests"]["finished"] == 12
     assert report["vllm_latency"]["ttft"]["n"] == 12
     assert report["verdict"]["matters"] and "heuristic" in report["verdict"]["text"]
-    text = inspection.render(report)
+    text = render(report)
     assert "series absent" in text and "hit rate 50.0%" in text
 
 
 def test_quantile_is_linear_within_a_bucket():
     buckets = [(0.1, 0.0), (0.5, 10.0), (1.0, 20.0), (float("inf"), 20.0)]
-    assert inspection.quantile(buckets, 0.5) == pytest.approx(0.5)
-    assert inspection.quantile(buckets, 0.99) == pytest.approx(0.99)
-    assert inspection.quantile([(1.0, 0.0), (float("inf"), 5.0)], 0.5) == 1.0  # +Inf bucket
-    assert inspection.quantile([(1.0, 0.0), (float("inf"), 0.0)], 0.5) is None
+    assert inspection_scrape.quantile(buckets, 0.5) == pytest.approx(0.5)
+    assert inspection_scrape.quantile(buckets, 0.99) == pytest.approx(0.99)
+    assert inspection_scrape.quantile([(1.0, 0.0), (float("inf"), 5.0)], 0.5) == 1.0  # +Inf bucket
+    assert inspection_scrape.quantile([(1.0, 0.0), (float("inf"), 0.0)], 0.5) is None
 
 
 def test_metrics_url():
-    assert inspection.metrics_url("http://h:8000/") == "http://h:8000/metrics"
-    assert inspection.metrics_url("http://h:8000/v1") == "http://h:8000/metrics"
-    assert inspection.metrics_url("http://h:8000/metrics") == "http://h:8000/metrics"
+    assert inspection_scrape.metrics_url("http://h:8000/") == "http://h:8000/metrics"
+    assert inspection_scrape.metrics_url("http://h:8000/v1") == "http://h:8000/metrics"
+    assert inspection_scrape.metrics_url("http://h:8000/metrics") == "http://h:8000/metrics"
 
 
 def test_cli_json_and_text(stub, capsys):

@@ -12,6 +12,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from fairway import cli, inspection
+from fairway.inspection_scrape import InspectError, parse
+from fairway.inspection_text import render
 from fairway.tenants import TenantTable
 from fairway.vllm.metrics import LATENCY_BUCKETS, FairwayStats, TenantLabels
 from tests.unit.stub_server import serve_app
@@ -91,7 +93,7 @@ def _scrape(tokens: dict[str, int], waiting: dict[str, int], ttft: dict[str, lis
 
 
 def _window(*texts: str) -> inspection.Window:
-    scrapes = [inspection.parse(t) for t in texts]
+    scrapes = [parse(t) for t in texts]
     polls = [inspection._poll(s, float(k)) for k, s in enumerate(scrapes)]
     return inspection.Window(url="http://x/metrics", window_s=float(len(texts) - 1),
                              first=scrapes[0], last=scrapes[-1], polls=polls)
@@ -116,7 +118,7 @@ def test_report_gives_each_tenants_tokens_share_waiting_and_ttft():
     assert tenants["a"]["ttft"]["n"] == 3 and 0.25 < tenants["a"]["ttft"]["median_s"] <= 0.5
     assert tenants["b"]["ttft"]["n"] == 3 and 2.5 < tenants["b"]["ttft"]["p99_s"] <= 5.0
     assert tenants["default"]["ttft"]["n"] == 0
-    text = inspection.render(report)
+    text = render(report)
     for needle in (
         "  Tenant a      prefill 600 tokens (54.5%); waiting 2 now, up to 7; TTFT median ",
         "  Tenant b      prefill 400 tokens (36.4%); waiting 0 now, up to 3; TTFT median ",
@@ -134,14 +136,14 @@ def test_no_tenant_lines_without_the_series():
     text = generate_latest(reg).decode()
     report = inspection.summarize(_window(text, text))
     assert report["fairway_series"] and report["tenants"] is None
-    assert "Tenant" not in inspection.render(report)
+    assert "Tenant" not in render(report)
 
 
 def test_no_tenant_traffic_in_the_window_has_no_share():
     report = inspection.summarize(_window(BEFORE, BEFORE))
     assert report["tenants"]["a"]["prefill_tokens"] == 0
     assert report["tenants"]["a"]["share"] is None
-    assert "Tenant a      prefill 0 tokens (n/a)" in inspection.render(report)
+    assert "Tenant a      prefill 0 tokens (n/a)" in render(report)
 
 
 def _trace(path, records) -> None:
@@ -162,7 +164,7 @@ def test_trace_tenant_counters_reads_the_last_record_with_counters(tmp_path):
     assert list(last["counters"]) == ["default", "a", "b"]
     _trace(path, [{"step": 1, "head": []}])
     assert inspection.trace_tenant_counters(path) is None
-    with pytest.raises(inspection.InspectError, match="cannot read the decision trace"):
+    with pytest.raises(InspectError, match="cannot read the decision trace"):
         inspection.trace_tenant_counters(tmp_path / "missing.jsonl")
 
 
