@@ -198,8 +198,6 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "18 replays of the hit-heavy and long-context presets"),
     ".venv/bin/python benchmarks/long_miss_hits.py --out results/long-miss":
         Entry("PARSE", "six replays of a 61 s overloaded trace"),
-    ".venv/bin/python benchmarks/decision_trace_cost.py":
-        Entry("PARSE", "a timing run of the decision trace, not a test"),
     ".venv/bin/fairway tiny-model /tmp/tiny16k --max-len 16384 --hidden 512 --layers 4 --dtype "
     "float32":
         Entry("RUN", "writes a tiny model in seconds", (("/tmp/tiny16k", "{tmp}/tiny16k"),)),
@@ -231,83 +229,9 @@ COMMANDS: dict[str, Entry] = {
     "--server-cpus 0 --engine-cpus 1 --client-cpus 0 --serve-arg=--gpu-memory-utilization=0.15 "
     "--serve-arg=--dtype=float32 --out results/fidelity-mooncake":
         Entry("PARSE", "starts servers and replays live for about 45 minutes"),
-    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway-step fairway lpm "
-    "--sizes 1000 10000":
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway-step --sizes "
+    "1000 10000 --no-memory":
         Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev e9c2d6a --turns 2 --out "
-    "results/overhead -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev 29e27d5 --turns 3 --out "
-    "results/overhead-burst -- --policies fairway fairway-step --sizes 1000 --kinds burst "
-    "--bursts 9 --no-memory":
-        Entry("PARSE", "minutes of bursts from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/probe_batch.py":
-        Entry("PARSE", "a timing run of ~45 s; tests/integration/test_overhead_benchmark.py "
-              "runs it at a tiny size"),
-    ".venv/bin/python benchmarks/token_reach.py":
-        Entry("PARSE", "a timing run of ~1 min; tests/integration/test_overhead_benchmark.py "
-              "runs it at a tiny size"),
-    ".venv/bin/python benchmarks/token_reach.py --size 10000":
-        Entry("PARSE", "a timing run of ~3 min at 10,000 waiting; the tiny-size test covers it"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev 03ed69a --turns 2 --out "
-    "results/overhead-final -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "20 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev e4f38bc --turns 2 --out "
-    "results/overhead-inplace -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "13 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev e4f38bc --turns 2 --out "
-    "results/overhead-inplace2 -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "13 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev b4bb191 --turns 4 --out "
-    "results/overhead-sample4 -- --policies fairway fairway-step --sizes 1000 10000 --kinds "
-    "admit prefilling burst --no-memory":
-        Entry("PARSE", "30 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev b4bb191 --turns 2 --out "
-    "results/overhead-sample -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "12 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev b4bb191 --turns 4 --out "
-    "results/overhead-final4 -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "20 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev e9c2d6a --turns 4 --out "
-    "results/overhead-samework4 -- --policies fairway fairway-step --sizes 1000 10000 --no-memory":
-        Entry("PARSE", "20 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/overhead_against.py --rev e9c2d6a --turns 4 --out "
-    "results/overhead-keptbound4 -- --policies fairway fairway-step --sizes 1000 10000 "
-    "--no-memory":
-        Entry("PARSE", "20 minutes of engine steps from two trees, taking turns; "
-              "tests/integration/test_overhead_benchmark.py runs it at a tiny size"),
-    ".venv/bin/python benchmarks/token_reach.py --switch kept-bound --steps 1200":
-        Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
-    ".venv/bin/python benchmarks/token_reach.py --switch kept-bound --size 10000 --steps 300":
-        Entry("PARSE", "a timing run of ~2 min at 10,000 waiting; the tiny-size test runs every "
-              "switch"),
-    ".venv/bin/python benchmarks/token_reach.py --switch lane-bound --size 10000 --steps 300":
-        Entry("PARSE", "a timing run of ~2 min at 10,000 waiting; the tiny-size test runs every "
-              "switch"),
-    ".venv/bin/python benchmarks/token_reach.py --switch early-free --size 10000 --steps 300":
-        Entry("PARSE", "a timing run of ~2 min at 10,000 waiting; the tiny-size test runs every "
-              "switch"),
-    ".venv/bin/python benchmarks/token_reach.py --switch early-free":
-        Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
-    ".venv/bin/python benchmarks/token_reach.py --switch exact-widen --size 10000 --steps 300":
-        Entry("PARSE", "a timing run of ~3 min at 10,000 waiting; the tiny-size test runs every "
-              "switch"),
-    ".venv/bin/python benchmarks/token_reach.py --switch exact-widen":
-        Entry("PARSE", "a timing run of ~1 min; the tiny-size test runs every switch"),
-    ".venv/bin/python benchmarks/call_costs.py":
-        Entry("PARSE", "a timing run of seconds; tests/integration/test_overhead_benchmark.py "
-              "runs it at a tiny size"),
-    ".venv/bin/python benchmarks/policy_overhead.py":
-        Entry("PARSE", "times the policies; a timing run, not a test"),
     # benchmarks/README.md
     ".venv/bin/fairway bench --trace mooncake-long --max-num-batched-tokens 8192":
         Entry("PARSE", "every policy on the long-context Mooncake preset (about a minute)"),
