@@ -68,7 +68,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fairway.replay.bench import new_out_dir, write_json  # noqa: E402
 from fairway.replay.results import ReplayResult  # noqa: E402
-from fairway.replay.sim import ReplayHooks, StepRecord, replay  # noqa: E402
+from fairway.replay.sim import replay  # noqa: E402
+from fairway.replay.sim_loop import ReplayHooks, StepRecord  # noqa: E402
 from fairway.replay.summary import PERCENTILE_METHOD  # noqa: E402
 from fairway.traces.format import Trace, TraceRequest  # noqa: E402
 from fairway.traces.shipped import preset_trace  # noqa: E402

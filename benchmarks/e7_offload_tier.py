@@ -40,7 +40,7 @@ from fairway.replay.bench import (  # noqa: E402
     new_out_dir,
     run_experiment,
 )
-from fairway.replay.sim import size_cache  # noqa: E402
+from fairway.replay.engine_sizing import size_cache  # noqa: E402
 from fairway.replay.summary import ALL, Summary, summarize  # noqa: E402
 from fairway.replay.sweep import ReplayJob  # noqa: E402
 

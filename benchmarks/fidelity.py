@@ -79,6 +79,7 @@ from fairway.replay.bench import (  # noqa: E402
     trace_label,
     write_json,
 )
+from fairway.replay.engine_sizing import CacheSizing, size_cache  # noqa: E402
 from fairway.replay.fidelity import (  # noqa: E402
     ComparisonRow,
     LiveRuns,
@@ -98,7 +99,6 @@ from fairway.replay.fidelity_markdown import (  # noqa: E402
 )
 from fairway.replay.report import to_markdown  # noqa: E402
 from fairway.replay.results import ReplayResult  # noqa: E402
-from fairway.replay.sim import CacheSizing, size_cache  # noqa: E402
 from fairway.replay.summary import summarize  # noqa: E402
 from fairway.traces.format import Trace  # noqa: E402
 

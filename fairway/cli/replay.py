@@ -45,20 +45,20 @@ def register(subparsers: Any) -> None:
                        "policies' patience); default: the shipped A6000 / Llama-3.1-8B estimate")
     bench.add_argument("--cache-fraction", type=float, default=None,
                        help="KV cache size as a share of each trace's reusable content "
-                       "(default 0.3, sim.DEFAULT_CACHE_FRACTION; never below the largest "
-                       "prompt plus a working set)")
+                       "(default 0.3, engine_sizing.DEFAULT_CACHE_FRACTION; never below the "
+                       "largest prompt plus a working set)")
     bench.add_argument("--num-blocks", type=int, default=None,
                        help="KV cache size in blocks of 16 tokens (overrides --cache-fraction; "
                        "must hold each trace's largest request)")
     bench.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                        metavar="N",
                        help="the engine's token budget per step (chunked prefill), as vLLM's "
-                       "flag of that name (default 2048, sim.DEFAULT_BATCHED_TOKENS, vLLM's on "
-                       "a GPU server; long-context servers run larger budgets: 8192 for the "
-                       "-long presets)")
+                       "flag of that name (default 2048, engine_sizing.DEFAULT_BATCHED_TOKENS, "
+                       "vLLM's on a GPU server; long-context servers run larger budgets: 8192 "
+                       "for the -long presets)")
     bench.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
                        help="the engine's limit on running requests, as vLLM's flag of that "
-                       "name (default 256, sim.DEFAULT_MAX_NUM_SEQS)")
+                       "name (default 256, engine_sizing.DEFAULT_MAX_NUM_SEQS)")
     bench.add_argument("--kv-offloading-size", type=_positive_float, default=None,
                        metavar="GiB", dest="kv_offloading_size",
                        help="a CPU KV offload tier of this many GiB, as vLLM's flag of that "

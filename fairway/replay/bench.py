@@ -30,13 +30,13 @@ from fairway.options import (
     policy_arg_settings,
 )
 from fairway.replay import results as results_io
-from fairway.replay.results import ReplayResult
-from fairway.replay.sim import (
+from fairway.replay.engine_sizing import (
     DEFAULT_BATCHED_TOKENS,
     DEFAULT_CACHE_FRACTION,
     DEFAULT_MAX_NUM_SEQS,
     check_prompt_lengths,
 )
+from fairway.replay.results import ReplayResult
 from fairway.replay.sweep import DEFAULT_WORKERS, ReplayJob, check_jobs, run_jobs
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ import pytest
 
 from fairway import cli
 from fairway.errors import TraceError
-from fairway.replay import sim
+from fairway.replay import engine_sizing, sim
+from fairway.replay.sim_loop import ReplayHooks
 from fairway.replay.sweep import ReplayJob, run_jobs
 from fairway.traces.format import Trace, TraceHeader, TraceRequest, write_trace
 
@@ -32,7 +33,7 @@ def small_trace() -> Trace:
 
 
 def test_the_offline_config_declares_the_replays_context(offline):
-    assert offline.MODEL_CONTEXT_TOKENS == sim.MAX_PROMPT_TOKENS == CONTEXT
+    assert offline.MODEL_CONTEXT_TOKENS == engine_sizing.MAX_PROMPT_TOKENS == CONTEXT
     # vLLM refused this before: max_model_len 131,088 > max_position_embeddings 131,072.
     sched = offline.make_offline_scheduler("fcfs", max_model_len=CONTEXT + 16)
     assert sched.max_model_len == CONTEXT + 16
@@ -111,7 +112,7 @@ def test_the_step_budget_changes_the_replay():
     """A 6,000-token miss takes 3 steps of 2,048 tokens but 1 of 8,192: two fixed costs less."""
     trace = make_trace(("m", 0.0, (("x", 6_000),)))
     seen: list[tuple[int, int]] = []
-    hooks = sim.ReplayHooks(on_start=lambda s: seen.append(
+    hooks = ReplayHooks(on_start=lambda s: seen.append(
         (s.max_num_scheduled_tokens, s.max_num_running_reqs)))
     small = sim.replay(trace, "fcfs", hooks=hooks)
     large = sim.replay(trace, "fcfs", max_num_batched_tokens=8_192, max_num_seqs=8, hooks=hooks)

@@ -9,7 +9,9 @@ import pytest
 
 from fairway.profiling.step_time import TableStepTime
 from fairway.profiling.table import from_points
-from fairway.replay.sim import ReplayHooks, VirtualClock, replay, size_cache
+from fairway.replay.engine_sizing import size_cache
+from fairway.replay.sim import replay
+from fairway.replay.sim_loop import ReplayHooks, VirtualClock
 from fairway.traces.format import Trace, TraceHeader, TraceRequest
 
 pytestmark = pytest.mark.integration

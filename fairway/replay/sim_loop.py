@@ -1,0 +1,293 @@
+"""The event loop of one virtual-clock replay: arrivals, engine steps, the clock, the record.
+
+`VirtualClock` keeps time, `_Recorder` fills the `RequestResult`s, and `ReplayLoop` drives
+vLLM's scheduler step by step: it adds each request at its arrival, answers each step with a fake
+model output, and moves the clock by the cost model's time of the step. Why apart from
+`fairway.replay.sim`: that module sets the engine up and writes the result; this is what runs in
+between. Must not import vllm at import time: the engine-side modules are imported where used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fairway.profiling.step_time import StepTimeModel
+from fairway.replay.offload_sim import TierTransfers
+from fairway.replay.results import RequestResult
+
+if TYPE_CHECKING:
+    from fairway.traces.format import Trace, TraceRequest
+    from fairway.vllm.scheduler import FairwayScheduler
+
+logger = logging.getLogger(__name__)
+
+
+# --- time -----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class VirtualClock:
+    """Seconds since the trace start; moves only forward. Callable: it is the policy's `now`."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move forward by a step's duration (>= 0)."""
+        if not seconds >= 0.0:  # also catches NaN
+            raise ValueError(f"the virtual clock cannot move by {seconds!r} s")
+        self.now += seconds
+
+    def jump_to(self, when: float) -> None:
+        """Move to an idle engine's next event; never backwards."""
+        if not when >= self.now:
+            raise ValueError(f"the virtual clock cannot go back from {self.now!r} to {when!r}")
+        self.now = when
+
+
+# --- recording ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One engine step, as hooks see it (seconds on the virtual clock)."""
+
+    index: int
+    start_s: float
+    end_s: float
+    #: request id -> (first computed position, end position) of this step's span.
+    spans: dict[str, tuple[int, int]]
+    finished: list[str]
+
+
+@dataclass
+class ReplayHooks:
+    """Optional observers of a replay (tests, debugging); both are called synchronously.
+
+    Attributes:
+        on_start: called once with the scheduler before the first step.
+        on_step: called after every step that scheduled something.
+    """
+
+    on_start: Callable[[Any], None] | None = None
+    on_step: Callable[[StepRecord], None] | None = None
+
+
+class _Recorder:
+    """Per-request facts of the replay, turned into `RequestResult`s at the end."""
+
+    def __init__(self, requests: Sequence[TraceRequest]) -> None:
+        self.requests = requests
+        n = len(requests)
+        self.index = {r.request_id: i for i, r in enumerate(requests)}
+        self.first_scheduled: list[float | None] = [None] * n
+        self.first_token: list[float | None] = [None] * n
+        self.cached: list[int | None] = [None] * n
+        self.error: list[str | None] = [None] * n
+        self.last_end: list[int] = [0] * n
+        self.num_done = 0
+        self.num_preemptions = 0
+
+    def scheduled(self, request_id: str, start: int, end: int, prompt: int, step_start: float,
+                  step_end: float) -> None:
+        i = self.index[request_id]
+        if self.first_scheduled[i] is None:
+            self.first_scheduled[i] = step_start
+            self.cached[i] = start  # num_computed_tokens at admission = the prefix-cache hit
+        elif start < self.last_end[i]:
+            self.num_preemptions += 1  # recomputing from a cached prefix after preemption
+        self.last_end[i] = end
+        if start < prompt <= end and self.first_token[i] is None:
+            self.first_token[i] = step_end
+            self.num_done += 1
+
+    def fail(self, request_id: str, reason: str) -> None:
+        i = self.index[request_id]
+        if self.first_token[i] is None and self.error[i] is None:
+            self.error[i] = reason
+            self.num_done += 1
+
+    def results(self, tier_tokens: Mapping[str, int] | None = None) -> list[RequestResult]:
+        """One result per trace request; `tier_tokens` (a tier's loads per request id) sets
+        each request's `tier_tokens` (0 when it loaded nothing); None: no tier."""
+        out = []
+        for i, r in enumerate(self.requests):
+            error = self.error[i]
+            if error is None and self.first_token[i] is None:
+                error = "no first token when the replay ended"
+            out.append(RequestResult(
+                request_id=r.request_id,
+                arrival_s=r.arrival_s,
+                phase=r.phase,
+                prompt_tokens=r.prompt_tokens,
+                first_scheduled_s=self.first_scheduled[i],
+                first_token_s=self.first_token[i],
+                cached_tokens=self.cached[i],
+                error=error,
+                tags=dict(r.tags),
+                tenant=r.tenant,
+                priority=r.priority,
+                tier_tokens=None if tier_tokens is None else tier_tokens.get(r.request_id, 0),
+            ))
+        return out
+
+
+# --- the loop -------------------------------------------------------------------------------------
+
+
+class ReplayLoop:
+    """The event loop of one replay: arrivals, steps, clock, recording."""
+
+    def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
+                 clock: VirtualClock, block_size: int, progress: bool,
+                 hooks: ReplayHooks | None, tier: TierTransfers | None = None) -> None:
+        from fairway.vllm import offline  # lazy, as every vLLM-side import here
+
+        self.requests = trace.requests
+        self.scheduler = scheduler
+        self.cost = cost
+        self.clock = clock
+        self.block_size = block_size
+        self.vocab_size = int(offline.TINY_MODEL_CONFIG["vocab_size"])
+        self.recorder = _Recorder(trace.requests)
+        self.on_step = hooks.on_step if hooks is not None else None
+        self.progress = progress
+        self.tier = tier
+        self.num_steps = 0
+        self.next_arrival = 0
+        self.empty_steps = 0
+        self.aborted = False
+
+    def run(self) -> None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(self.requests), disable=not self.progress, unit="req",
+                   desc="replay", leave=False, mininterval=0.5)
+        try:
+            while not self.aborted:
+                self._admit_arrivals()
+                busy = self.scheduler.has_unfinished_requests()
+                if not busy and self.next_arrival >= len(self.requests):
+                    break
+                if not busy and not self._tier_pending():
+                    self.clock.jump_to(self.requests[self.next_arrival].arrival_s)
+                    continue
+                done_before = self.recorder.num_done
+                polling = self._tier_pending()
+                if self._step():
+                    self.empty_steps = 0
+                elif polling:
+                    # vLLM's engine keeps stepping (polling its worker) while transfers are in
+                    # flight: a poll is no stall, and the polls that would find nothing are
+                    # skipped
+                    self._wait_for_tier()
+                    self.empty_steps = 0
+                else:
+                    # an engine loops again at once after a step with nothing to schedule (a
+                    # policy may change its plan after one); only a second one in a row stalls
+                    self.empty_steps += 1
+                    if self.empty_steps > 1:
+                        self._stalled()
+                bar.update(self.recorder.num_done - done_before)
+        finally:
+            bar.close()
+        self._drain()
+
+    def _admit_arrivals(self) -> None:
+        """Add every request that has arrived by now (token ids built once, here)."""
+        from fairway.vllm import offline
+
+        reqs, now, i = self.requests, self.clock.now, self.next_arrival
+        while i < len(reqs) and reqs[i].arrival_s <= now:
+            r = reqs[i]
+            self.scheduler.add_request(offline.make_request(
+                r.request_id, r.token_ids(self.vocab_size), r.arrival_s, r.max_tokens,
+                block_size=self.block_size, priority=r.priority, tenant=r.tenant,
+            ))
+            i += 1
+        self.next_arrival = i
+
+    def _step(self) -> bool:
+        """One engine step; False when it scheduled nothing."""
+        from fairway.vllm import internals, offline, offload_worker
+
+        scheduler = self.scheduler
+        output = scheduler.schedule()
+        scheduled = internals.scheduled_tokens(output)
+        spans = internals.scheduled_spans(scheduler, scheduled)
+        start = self.clock.now
+        tier = self.tier
+        if tier is not None:  # the step's forward pass waits for its flushed stores
+            offload_worker.order_finished_ids(scheduler)
+            self.clock.advance(tier.start_step(offload_worker.step_metadata(output), start))
+        if spans:
+            self.clock.advance(self.cost.step_time_s([(s, e) for s, e, _ in spans.values()]))
+            end = self.clock.now
+            for request_id, (s, e, prompt) in spans.items():
+                self.recorder.scheduled(request_id, s, e, prompt, start, end)
+            self.num_steps += 1
+        model_output = offline.fake_model_output(scheduler, output)
+        if tier is not None:
+            model_output.kv_connector_output = tier.finish_step(self.clock.now)
+        finished = offline.finished_ids(scheduler.update_from_output(output, model_output))
+        for request_id in finished:  # only errors remain: a finished prefill has its token
+            self.recorder.fail(request_id, self._failure(request_id))
+        if self.on_step is not None and spans:
+            self.on_step(StepRecord(self.num_steps, start, self.clock.now,
+                                    {k: (s, e) for k, (s, e, _) in spans.items()}, finished))
+        return bool(spans) or bool(finished)
+
+    def _failure(self, request_id: str) -> str:
+        from fairway.vllm import internals
+
+        i = self.recorder.index[request_id]
+        tokens = self.requests[i].prompt_tokens
+        blocks = internals.usable_blocks(self.scheduler)
+        return (
+            f"finished by the engine without a first token (a {tokens}-token prompt; the KV "
+            f"cache has {blocks} usable blocks of {self.block_size} tokens)"
+        )
+
+    def _tier_pending(self) -> bool:
+        return self.tier is not None and self.tier.pending
+
+    def _wait_for_tier(self) -> None:
+        """After a step with nothing to schedule while the tier has jobs: move to the next
+        completion or arrival, whichever is first (no move when only deferred stores are left:
+        the next step submits them)."""
+        assert self.tier is not None
+        when = self.tier.next_completion()
+        if when is None:
+            return
+        if self.next_arrival < len(self.requests):
+            when = min(when, self.requests[self.next_arrival].arrival_s)
+        self.clock.jump_to(max(self.clock.now, when))
+
+    def _stalled(self) -> None:
+        """Nothing could be scheduled: wait for the next arrival, or give up on the rest."""
+        if self.next_arrival < len(self.requests):
+            self.clock.jump_to(max(self.clock.now, self.requests[self.next_arrival].arrival_s))
+            return
+        self._abort("never scheduled: the engine could not admit it (KV cache too small?)")
+
+    def _abort(self, reason: str) -> None:
+        """Record every request without a first token as failed and end the loop.
+
+        The engine is left as it is: it is thrown away with the replay.
+        """
+        unfinished = [r.request_id for r in self.requests
+                      if self.recorder.first_token[self.recorder.index[r.request_id]] is None]
+        for request_id in unfinished:
+            self.recorder.fail(request_id, reason)
+        self.aborted = True
+        logger.warning("replay stopped with %d requests unanswered: %s", len(unfinished), reason)
+
+    def _drain(self) -> None:
+        """Requests still without a result (none unless the loop was cut) get an error."""
+        for r in self.requests:
+            self.recorder.fail(r.request_id, "no first token when the replay ended")
