@@ -7,7 +7,7 @@ block hashes from the start, ~1 us per cached block on a CPU core, so re-probing
 memoizes per request the hash keys of those two blocks and indexes the requests by them, so a step
 checks (a) with one C-level set difference against the block pool's hash map, (b) by looking up
 only the keys cached since the last step (the hash map is an insertion-ordered dict; see
-`PrefixMemo._grown_keys`), and does Python work only for the requests whose hit changed. A new
+`fairway.vllm.cache_growth`), and does Python work only for the requests whose hit changed. A new
 request (or one whose tail was evicted) is looked up by a search over its block hashes that
 gallops from a likely length (the memo's minus one; for a new request the last hit of a request
 with the same first block); new requests are looked up at most `probe_budget` per step, oldest
@@ -29,14 +29,16 @@ field: vLLM's KV connectors read it too), read inline in the loops over changed 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from itertools import islice, pairwise
+from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fairway.vllm import internals
+from fairway.vllm.cache_growth import CacheGrowth
+from fairway.vllm.prefix_hit import PrefixHit, arrival_of, move
+from fairway.vllm.prefix_search import GROUP0_SUFFIX, cached_prefix_near
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -46,47 +48,10 @@ if TYPE_CHECKING:
 #: Requests probed for the first time per step, oldest first. A burst of arrivals is spread over
 #: steps: a request not yet probed is ordered as if nothing of it were cached (h = 0).
 PROBE_BUDGET = 1_024
-#: vLLM's hash-map key of a block hash in KV-cache group 0 is the hash followed by these bytes
-#: (`internals.group_key_suffix`). The incremental memo appends them itself, one Python call
-#: less per hash-map read, and runs only where that holds (`internals.keys_are_suffixed`).
-GROUP0_SUFFIX = internals.group_key_suffix(0)
-#: Steps after which `advance()` checks every waiting request's next block against the cache
-#: even when the walk over the newly cached keys proved that nothing else was cached (the walk:
-#: `PrefixMemo._grown_keys`).
-FULL_CHECK_EVERY = 32
 #: Most first-block hints `PrefixMemo._lookup` keeps (cleared when full: they are only guesses).
 #: The hints win benchmarks/scheduler_overhead.py's burst at 1,000 waiting: searched from 0
 #: instead, Fairway's own time for the burst took 53-61% longer (8.1 -> 12.4-13.1 ms median).
 _MAX_HINTS = 4_096
-#: Keys `_grown_keys` reads from the hash map's end at a time.
-_WALK_CHUNK = 256
-
-
-@dataclass(slots=True, eq=False)
-class PrefixHit:
-    """Memo of one waiting request for one stint in the queue (dropped when it leaves).
-
-    While a request waits its tokens, arrival and status do not change, only the cache around it.
-    """
-
-    request: Request
-    #: The request's slot in the queue's columns (`QueueColumns.slots`); -1 once it left.
-    slot: int
-    arrival: float
-    num_tokens: int
-    #: Longest possible hit in blocks, (num_tokens - 1) // block_size: the hit never covers the
-    #: last token.
-    max_blocks: int
-    #: Hit length in blocks.
-    blocks: int = 0
-    #: Hash key of block `blocks` (the next one to look for; growth check); None: cannot grow.
-    next_key: bytes | None = None
-    #: Hash key of block `blocks - 1` (the chain's tail; eviction check); None: no hit.
-    last_key: bytes | None = None
-    #: False until the first lookup (a burst is probed over several steps).
-    probed: bool = False
-    #: Too long for an empty cache: never looked up (probed from the start, h = 0).
-    oversized: bool = False
 
 
 class PrefixMemo:
@@ -98,12 +63,13 @@ class PrefixMemo:
 
     Cost per step (incremental path, see the module docstring): one lookup in the next-block index
     per key cached since the last step (growth; every next key is checked by one C-level
-    intersection every `FULL_CHECK_EVERY` steps), one C-level difference of the distinct
-    chain-tail keys with the hash map (eviction), and Python work only for the requests whose hit
-    changed. A new request costs one lookup: a search over its block hashes from the hit last found
-    for its first block (1-2 hash-map reads when they share the prefix, at most ~2 log2(blocks)
-    otherwise), valid because the cached blocks of a chain are prefix-closed in that mode. At most
-    `probe_budget` new requests are looked up per step, oldest first.
+    intersection every `cache_growth.FULL_CHECK_EVERY` steps), one C-level difference of the
+    distinct chain-tail keys with the hash map (eviction), and Python work only for the requests
+    whose hit changed. A new request costs one lookup: a search over its block hashes from the
+    hit last found for its first block (1-2 hash-map reads when they share the prefix, at most
+    ~2 log2(blocks) otherwise; `fairway.vllm.prefix_search`), valid because the cached blocks of
+    a chain are prefix-closed in that mode. At most `probe_budget` new requests are looked up per
+    step, oldest first.
     """
 
     def __init__(
@@ -142,10 +108,8 @@ class PrefixMemo:
         self.by_next: dict[bytes, set[PrefixHit]] = {}
         #: Eviction index: hash key of a chain's tail block -> the memos whose hit ends there.
         self.by_last: dict[bytes, set[PrefixHit]] = {}
-        #: The hash map's newest key, its block and the key before it at the last `advance()`,
-        #: and the steps since the last check of every next key (see `_grown_keys`).
-        self.newest: tuple[bytes | None, Any, bytes | None] = (None, None, None)
-        self.since_full_check = 0
+        #: The keys cached since the last `advance()` (a walk from the newest key).
+        self.growth = CacheGrowth()
         #: First block hash -> the hit length (blocks) last found for a request starting with it.
         self.hints: dict[bytes, int] = {}
 
@@ -157,9 +121,6 @@ class PrefixMemo:
         self._cache = internals.hash_map_dict(hash_map)
         self._cache_get = self._cache.get
         self._block_of = internals.entry_block_reader(self._pool)
-
-    # --- one request ------------------------------------------------------------------------------
-
 
     # --- slots ------------------------------------------------------------------------------------
 
@@ -235,9 +196,9 @@ class PrefixMemo:
         assert hit is not None
         self.hits[slot] = None
         if hit.next_key is not None:
-            _move(self.by_next, hit, hit.next_key, None)
+            move(self.by_next, hit, hit.next_key, None)
         if hit.last_key is not None:
-            _move(self.by_last, hit, hit.last_key, None)
+            move(self.by_last, hit, hit.last_key, None)
         hit.slot = -1  # also marks it gone for `_pending`
 
     # --- one request ------------------------------------------------------------------------------
@@ -400,10 +361,10 @@ class PrefixMemo:
             hit.next_key, hit.last_key = next_key, last_key
             return
         if next_key != hit.next_key:
-            _move(self.by_next, hit, hit.next_key, next_key)
+            move(self.by_next, hit, hit.next_key, next_key)
             hit.next_key = next_key
         if last_key != hit.last_key:
-            _move(self.by_last, hit, hit.last_key, last_key)
+            move(self.by_last, hit, hit.last_key, last_key)
             hit.last_key = last_key
 
     # --- every request ----------------------------------------------------------------------------
@@ -430,67 +391,10 @@ class PrefixMemo:
                 self._shrink(list(by_last.get(key, ())))
         by_next = self.by_next
         if by_next:
-            for key in self._grown_keys(cache, by_next):  # next blocks that got cached
+            for key in self.growth.grown_keys(cache, by_next):  # next blocks that got cached
                 self.extend_group(list(by_next.get(key, ())))
-        self.since_full_check += 1
-        self._mark_newest(cache)
-
-
-    def _grown_keys(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
-        """Keys of `by_next` that may have been cached since the last `advance()`.
-
-        The hash map is a dict, so keys cached since then come after the newest key seen last
-        time (`_mark_newest`), in insertion order: a walk back from the newest key (newest first)
-        costs O(blocks cached since), instead of a check of every waiting request's next key.
-        The walk proves itself: it must meet the remembered newest key, holding the same block,
-        with the remembered second-newest key right behind it (else a key was popped and put
-        back at the end, which vLLM does when an eviction finds another block under the hash).
-        When it cannot prove it, or after `FULL_CHECK_EVERY` steps, the whole index is checked
-        (one C-level intersection), so a growth is seen at the latest that many steps late.
-
-        Wins benchmarks/scheduler_overhead.py's full, admit and busy steps: with the whole index
-        checked every step instead, Fairway's own step at 10,000 waiting took 7.3x as long on full
-        steps (0.033 -> 0.244 ms median) and 52-57% longer on admit and busy steps; at 1,000
-        waiting 48% longer on full steps.
-        """
-        newest, block, second = self.newest
-        if (
-            newest is None
-            or self.since_full_check >= FULL_CHECK_EVERY
-            or cache.get(newest) is not block
-        ):
-            return self._all_grown(cache, by_next)
-        grown: list[bytes] = []
-        walk = reversed(cache)
-        while len(grown) <= len(by_next):  # else as costly as the full check: do that instead
-            chunk = list(islice(walk, _WALK_CHUNK))  # newest first, read in C
-            try:
-                i = chunk.index(newest)
-            except ValueError:
-                grown += chunk
-                if len(chunk) < _WALK_CHUNK:  # the newest key is gone
-                    break
-                continue
-            if chunk[i] is not newest:  # an equal key, inserted again
-                break
-            behind = chunk[i + 1] if i + 1 < len(chunk) else next(walk, None)
-            if behind is not second:
-                break
-            grown += chunk[:i]
-            return by_next.keys() & grown  # the lookups in C, too
-        return self._all_grown(cache, by_next)
-
-    def _all_grown(self, cache: dict[bytes, Any], by_next: dict[bytes, Any]) -> Iterable[bytes]:
-        self.since_full_check = 0
-        return by_next.keys() & cache.keys()
-
-    def _mark_newest(self, cache: dict[bytes, Any]) -> None:
-        """Remember the hash map's newest key, its block and the key before it (`_grown_keys`)."""
-        walk = reversed(cache)
-        newest = next(walk, None)
-        block = cache[newest] if newest is not None else None
-        self.newest = (newest, block, next(walk, None))
-
+        self.growth.since_full_check += 1
+        self.growth.mark_newest(cache)
 
     @property
     def num_unprobed(self) -> int:
@@ -504,7 +408,7 @@ class PrefixMemo:
     def _probe_pending(self) -> None:
         pending = self._pending
         if not self._pending_sorted:
-            pending.sort(key=_arrival_of)  # stable: equal arrivals keep their order of arrival
+            pending.sort(key=arrival_of)  # stable: equal arrivals keep their order of arrival
             self._pending_sorted = True
         budget, k = self.probe_budget, 0
         batch: list[PrefixHit] = []
@@ -566,7 +470,7 @@ class PrefixMemo:
             hit.blocks = blocks
             rows.append(hit.slot)
             values.append(blocks * block_size)
-            if blocks:  # indexed as `_set` indexes it (`_move` from no key)
+            if blocks:  # indexed as `_set` indexes it (`move` from no key)
                 hit.last_key = key = hashes[blocks - 1] + suffix
                 by_last.setdefault(key, set()).add(hit)
             if blocks < limit:
@@ -586,74 +490,10 @@ class PrefixMemo:
         self.by_next.clear()
         self.by_last.clear()
         self.hints.clear()
-        self.newest = (None, None, None)
+        self.growth.forget()
         for hit in self.hits:
             if hit is not None and hit.probed and not hit.oversized:
                 hit.probed, hit.blocks, hit.next_key, hit.last_key = False, 0, None, None
                 self.cached[hit.slot] = 0
                 self._pending.append(hit)
         self._pending_sorted = False
-
-
-
-def cached_prefix_near(
-    cache: dict[bytes, Any], hashes: Sequence[bytes], guess: int, hi: int, at_least: bool = False
-) -> int:
-    """The hit's length in blocks, known to lie in [0, hi], found by galloping from `guess` (a
-    likely length, 0 <= guess <= hi; `at_least`: known to be cached) away from it by 1, 2, 4, ...
-    blocks until the end is passed, then a binary search in the last gap (`_cached_prefix`):
-    O(log d) hash-map reads for an end d blocks from the guess, 1-2 when the guess is right."""
-    lo = 0
-    if not at_least and guess and hashes[guess - 1] + GROUP0_SUFFIX not in cache:
-        hi, step = guess - 1, 1  # shorter than the guess: gallop down
-        while lo < hi:
-            probe = max(lo + 1, hi - step + 1)  # is a hit of `probe` blocks cached?
-            if hashes[probe - 1] + GROUP0_SUFFIX in cache:
-                lo = probe
-                break
-            hi = probe - 1
-            step *= 2
-    else:
-        lo, step = guess, 1  # at least the guess: gallop up
-        while lo < hi:
-            probe = min(lo + step, hi)
-            if hashes[probe - 1] + GROUP0_SUFFIX not in cache:
-                hi = probe - 1
-                break
-            lo = probe
-            step *= 2
-    return _cached_prefix(cache, hashes, lo, hi)
-
-
-def _cached_prefix(cache: dict[bytes, Any], hashes: Sequence[bytes], lo: int, hi: int) -> int:
-    """The hit's length in blocks, known to lie in [lo, hi]: a binary search, valid because the
-    cached blocks of a chain are prefix-closed (block i cached means blocks 0..i are)."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if hashes[mid - 1] + GROUP0_SUFFIX in cache:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _arrival_of(hit: PrefixHit) -> float:
-    return hit.arrival
-
-
-def _move(
-    index: dict[bytes, set[PrefixHit]], hit: PrefixHit, old: bytes | None, new: bytes | None
-) -> None:
-    """Move `hit` from key `old` to key `new` in a key -> hits index (None: not indexed)."""
-    if old is not None:
-        holders = index.get(old)
-        if holders is not None:
-            holders.discard(hit)
-            if not holders:
-                del index[old]
-    if new is not None:
-        holders = index.get(new)
-        if holders is None:
-            index[new] = {hit}
-        else:
-            holders.add(hit)

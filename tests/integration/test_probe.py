@@ -352,11 +352,11 @@ def _put_back(cache, key) -> None:
 def test_growth_is_found_by_walking_the_newly_cached_keys(offline, helpers):
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
     probe = sched.fairway_probe
-    probe.memo.since_full_check = 0
+    probe.memo.growth.since_full_check = 0
     _cache_fake_block(sched, cache, key)
     probe.snapshot(list(sched.waiting))
     assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
-    assert probe.memo.since_full_check == 1  # found by the walk, not by a check of every next key
+    assert probe.memo.growth.since_full_check == 1  # found by the walk, not by the full check
 
 
 def test_a_newest_key_put_back_at_the_end_forces_the_full_check(offline, helpers):
@@ -364,26 +364,26 @@ def test_a_newest_key_put_back_at_the_end_forces_the_full_check(offline, helpers
     remembered: a key was cached before the put-back, so every next key is checked."""
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
     probe = sched.fairway_probe
-    probe.memo.since_full_check = 5
-    newest = probe.memo.newest[0]
+    probe.memo.growth.since_full_check = 5
+    newest = probe.memo.growth.newest[0]
     _cache_fake_block(sched, cache, key)
     _put_back(cache, newest)
     assert next(reversed(cache)) is newest
     probe.snapshot(list(sched.waiting))
     assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
-    assert probe.memo.since_full_check == 1  # the full check ran (reset to 0) in this advance
+    assert probe.memo.growth.since_full_check == 1  # the full check ran (reset to 0) this step
 
 
 def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(offline, helpers):
     """The stated bound: both remembered keys put back in order after a new key was cached hide
     it from the walk; the periodic check of every next key finds it at the latest
     `FULL_CHECK_EVERY` steps later."""
-    from fairway.vllm.prefix_memo import FULL_CHECK_EVERY
+    from fairway.vllm.cache_growth import FULL_CHECK_EVERY
 
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
     probe = sched.fairway_probe
-    probe.memo.since_full_check = 0
-    newest, _, second = probe.memo.newest
+    probe.memo.growth.since_full_check = 0
+    newest, _, second = probe.memo.growth.newest
     _cache_fake_block(sched, cache, key)
     _put_back(cache, second)
     _put_back(cache, newest)
@@ -450,7 +450,7 @@ class _CountingCache(dict):
 def test_a_search_from_any_guess_finds_the_cached_prefix(data, hi):
     """`cached_prefix_near` returns the cached prefix's length whatever the guess (1-2 reads
     when it is right, O(log distance) otherwise); `at_least` trusts a guess known cached."""
-    from fairway.vllm.prefix_memo import GROUP0_SUFFIX, cached_prefix_near
+    from fairway.vllm.prefix_search import GROUP0_SUFFIX, cached_prefix_near
 
     length = data.draw(st.integers(0, hi), label="cached blocks")
     guess = data.draw(st.integers(0, hi), label="guess")
