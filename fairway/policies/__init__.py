@@ -34,7 +34,6 @@ from fairway.policies.queue import (
     Step,
     StepBudget,
     StepPlan,
-    TokenReach,
 )
 
 __all__ = [
@@ -47,7 +46,6 @@ __all__ = [
     "Step",
     "StepBudget",
     "StepPlan",
-    "TokenReach",
     "arrival_order",
     "get",
     "names",

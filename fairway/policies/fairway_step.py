@@ -20,21 +20,14 @@ from typing import Literal
 import numpy as np
 
 from fairway.policies.base import arrival_order, register_policy
-from fairway.policies.lanes import (
-    FAST,
-    FastLanePolicy,
-    fair_lane_head,
-    fast_lane_head,
-    fast_lane_order,
-    merge,
-)
+from fairway.policies.lanes import FAST, FastLanePolicy, fast_lane_order, first_rows, merge
 from fairway.policies.queue import (
-    HeadLanes,
-    HeadOrder,
+    UNPLACED_LANE,
     Ordering,
     QueueColumns,
     QueuedRequest,
     Step,
+    head_order,
 )
 
 WaitMode = Literal["relative", "absolute"]
@@ -100,17 +93,12 @@ class FairwayStepPolicy(FastLanePolicy):
         placed, lanes, _ = merge(fast, arrival_order(queue), work, self.fast_weight)
         return placed, lanes
 
-    def wait_unit_s(self, prompt_tokens: int) -> float:
+    def wait_units(self, prompt_tokens: np.ndarray) -> np.ndarray | float:
         if self.wait_mode == "relative":
-            return self.patience_s(prompt_tokens)
+            return super().wait_units(prompt_tokens)
         return self.patience_floor_s
 
     # --- what the engine runs: the rule over columns, for the scan's head -------------------------
-
-    def wait_units(self, prompt_tokens: np.ndarray) -> np.ndarray | float:
-        if self.wait_mode == "relative":
-            return self.patience(prompt_tokens)
-        return self.patience_floor_s
 
     def ordering(self, queue: QueueColumns, step: Step) -> Ordering:
         """`order()` over the columns; when the scan reaches only `step.head` positions, those
@@ -127,13 +115,13 @@ class FairwayStepPolicy(FastLanePolicy):
             fair = np.argsort(queue.arrival, kind="stable").tolist()
             placed, lanes, _ = merge(fast, fair, queue.remaining.tolist(), self.fast_weight)
             return Ordering(placed, lanes)
-        fast_rows = fast_lane_head(scores, queue.arrival, head)
+        fast_rows = first_rows((queue.arrival, -scores), head)
         if not self.fair_lane:
             first, lanes = fast_rows.tolist(), [FAST] * head
         else:
-            fair_rows = fair_lane_head(queue.arrival, head)
+            fair_rows = first_rows((queue.arrival,), head)
             placed, lanes, _ = merge(
                 fast_rows.tolist(), fair_rows.tolist(), queue.remaining, self.fast_weight
             )
             first, lanes = placed[:head], lanes[:head]
-        return Ordering(HeadOrder(first, n), HeadLanes(lanes, n))
+        return Ordering(head_order(first, n), lanes + [UNPLACED_LANE] * (n - len(lanes)))

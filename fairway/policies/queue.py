@@ -143,8 +143,6 @@ class Step:
         prefilling: the running requests whose prefill is not finished (`plans_steps` only).
         tenant_weights: the weight of each tenant code (`QueueColumns.tenant`), for policies
             that share the step between tenants; a code past its end weighs 1.
-        tokens_reach: how vLLM's scan is bounded by tokens this step (`TokenReach`), when that
-            bound is known to hold (None: only `head` bounds it).
         kv_usage: the share of the KV cache's usable blocks in use before the step, 1 - free /
             usable (vLLM's `KVCacheManager.usage`; cached blocks no request holds count as
             free); None: unknown.
@@ -157,7 +155,6 @@ class Step:
     budget: StepBudget | None = None
     prefilling: Sequence[PrefillingRequest] = ()
     tenant_weights: tuple[float, ...] = ()
-    tokens_reach: TokenReach | None = None
     kv_usage: float | None = None
     num_ahead: int = 0
 
@@ -165,43 +162,6 @@ class Step:
         """The weight of tenant code `tenant` (1 when none is configured for it)."""
         weights = self.tenant_weights
         return weights[tenant] if 0 <= tenant < len(weights) else 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class TokenReach:
-    """What bounds vLLM's scan of the waiting queue by tokens in one step.
-
-    The scan gives each waiting request it starts min(its uncached tokens, the per-request cap,
-    the tokens left) and stops when none are left. Its uncached tokens can be fewer than the
-    probe saw, but only by a hit on blocks cached within the step, which at most `growth`
-    tokens make (`budget` scheduled, plus one partial block completed per scheduled request); a
-    request whose hit is not looked up yet may compute as little as 1. So the scan surely stops
-    at the first request k of an order at which the sum over the requests up to k of
-    max(1, min(uncached - growth, cap)) (1 for those not looked up) reaches `budget`: the
-    positions past k cannot be reached this step (docs/design.md, "How far vLLM reads").
-
-    Attributes:
-        budget: the step's whole token budget (at least what the scan has left when it starts).
-        growth: tokens by which a waiting request's hit can grow within the step.
-        threshold: vLLM's own per-request cap (`long_prefill_token_threshold`; 0: none), which
-            holds when a plan sets none.
-    """
-
-    budget: int
-    growth: int
-    threshold: int = 0
-
-    def reached(self, work: Sequence[float], unknown: Sequence[bool], cap: float) -> int | None:
-        """How many requests of an order (their uncached `work`, whether each hit is `unknown`)
-        the scan can reach under a per-request `cap` (inf: none): the count up to the one at
-        which it surely stops, or None when it may read past all of them."""
-        left = float(self.budget)
-        growth = self.growth
-        for k, (amount, blind) in enumerate(zip(work, unknown, strict=True)):
-            left -= 1.0 if blind else max(1.0, min(amount - growth, cap))
-            if left <= 0:
-                return k + 1
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,12 +194,10 @@ class Ordering:
     """A policy's answer for one step (`Policy.ordering`).
 
     Attributes:
-        order: a permutation of the queue's rows, highest priority first: a list, an int array
-            or, for a policy that orders only the head exactly (its head, then every other row in
-            row order), `HeadOrder(head, n)` (the engine then checks the head alone) or the
-            built `head_order`.
+        order: a permutation of the queue's rows, highest priority first (a list or an int
+            array; a policy that orders only the scan's head returns `head_order`).
         lanes: the lane that placed each position of `order` ("fast", "fair", or
-            `UNPLACED_LANE` past an exact head); None: the policy has one lane.
+            `UNPLACED_LANE` past an ordered head); None: the policy has one lane.
         plan: the step's token split, for a policy with `plans_steps` (None: vLLM's own).
     """
 
@@ -389,81 +347,6 @@ class QueueColumns:
         )
 
 
-class HeadLanes(Sequence[str]):
-    """The lanes of a `head_order`: the placed head's lanes, then `UNPLACED_LANE` up to `size`
-    positions, without an n-long list made at every step. Equal to any sequence of the same
-    lanes; a slice is a list."""
-
-    __slots__ = ("head", "size")
-
-    def __init__(self, head: Sequence[str], size: int) -> None:
-        if len(head) > size:
-            raise ValueError(f"{len(head)} placed lanes for {size} positions")
-        self.head, self.size = list(head), size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.size))]
-        if not -self.size <= index < self.size:
-            raise IndexError(f"lane index {index} out of range({self.size})")
-        index %= self.size
-        return self.head[index] if index < len(self.head) else UNPLACED_LANE
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(other) == self.size and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"HeadLanes({self.head!r}, size={self.size})"
-
-
-class HeadOrder(Sequence[int]):
-    """A `head_order` not yet built: the placed head, then every other row in row order, `size`
-    rows in all. What `fairway` and `fairway-step` return, so that the engine checks the head
-    alone (O(head), `check_order`) instead of a whole permutation; the array is built on first
-    use (`np.asarray`, indexing). Equal to any sequence of the same rows.
-    # speed: a 12-row head, `check_order` of the order: 10.9 -> 6.7 us at 1,000 rows, 30.4 ->
-    # 12.5 us at 10,000 (the built `head_order` checked whole before; benchmarks/call_costs.py)"""
-
-    __slots__ = ("head", "size", "_array")
-
-    def __init__(self, head: Sequence[int] | np.ndarray, size: int) -> None:
-        self.head, self.size = head, size
-        self._array: np.ndarray | None = None
-
-    def array(self) -> np.ndarray:
-        """The whole order as an intp array (built once)."""
-        if self._array is None:
-            self._array = head_order(self.head, self.size)
-        return self._array
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        array = self.array()
-        return array if dtype is None else array.astype(dtype, copy=False)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.array()[index]
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence | np.ndarray) or isinstance(other, str):
-            return NotImplemented
-        return len(other) == self.size and bool(np.array_equal(self.array(), np.asarray(other)))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"HeadOrder({list(self.head)!r}, size={self.size})"
-
-
 def head_order(head: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
     """The order `head` (distinct rows of range(n): a list of ints or an int array), then every
     other row in row order, as an intp array: what a policy that orders only the head of the
@@ -485,8 +368,6 @@ def check_order(order: object, n: int) -> tuple[np.ndarray, int]:
     number of rows it moves to the front: `order[t:]` ascends, so the new queue is the rows
     `order[:t]`, then every other row in its current order (the shape of a `head_order`;
     0: the identity)."""
-    if isinstance(order, HeadOrder):
-        return _check_head_order(order, n)
     arr = np.asarray(order)
     if arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):
         raise ValueError(f"expected {n} integer indices, got shape {arr.shape} of {arr.dtype}")
@@ -508,33 +389,6 @@ def check_order(order: object, n: int) -> tuple[np.ndarray, int]:
     breaks = np.flatnonzero(arr[1:] <= arr[:-1])  # where the order does not ascend strictly
     moved = int(breaks[-1]) + 1 if len(breaks) else 0
     return arr, moved
-
-
-def _check_head_order(order: HeadOrder, n: int) -> tuple[np.ndarray, int]:
-    """`check_order` of a `HeadOrder`: only its head is checked (distinct integers of range(n));
-    the rows after it are every other row in row order by construction. The rows it moves to
-    the front are counted from the head alone: the head's ascending tail stays in place when it
-    ends below the first row after it (the smallest row not in the head)."""
-    head = np.asarray(order.head)
-    k = len(head)
-    if order.size != n or head.ndim != 1 or k > n or (k and head.dtype.kind not in "iu"):
-        raise ValueError(f"expected a head of at most {n} integer indices of {n} rows, got "
-                         f"shape {head.shape} of {head.dtype} for {order.size} rows")
-    if not k:
-        return np.arange(n, dtype=np.intp), 0
-    rows = head.tolist()
-    if min(rows) < 0 or max(rows) >= n:
-        raise ValueError(f"indices out of range({n})")
-    placed = set(rows)
-    if len(placed) != k:
-        raise ValueError("an index appears twice")
-    first_other = next((row for row in range(k + 1) if row not in placed), n)
-    moved = k
-    if rows[-1] < first_other:  # the head's ascending tail is already where it belongs
-        moved = k - 1
-        while moved and rows[moved - 1] < rows[moved]:
-            moved -= 1
-    return order.array(), moved
 
 
 class SlotState:

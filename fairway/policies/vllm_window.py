@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from fairway.policies.base import Policy, register_policy
-from fairway.policies.queue import HeadOrder, Ordering, QueueColumns, QueuedRequest, Step
+from fairway.policies.queue import Ordering, QueueColumns, QueuedRequest, Step, head_order
 
 
 @register_policy("vllm-window")
@@ -75,7 +75,7 @@ class VLLMWindowPolicy(Policy):
     `on_step_end` is a no-op; no state is kept.
 
     Cost: O(w log w) for a window of w rows (one plain read and one sort of those rows); the
-    order returned moves only them (`HeadOrder`).
+    order returned moves only them (`head_order`).
     """
 
     needs_cache_hits: ClassVar[bool] = True
@@ -136,12 +136,12 @@ class VLLMWindowPolicy(Policy):
         n = len(queue)
         width = min(n, max(self.window - step.num_ahead, 0))
         if width < 2 or not self.engaged(step.kv_usage):
-            return Ordering(HeadOrder([], n))
+            return Ordering(np.arange(n))
         head = np.arange(width, dtype=np.intp)
         movable = head[queue.plain_of(head)]
         if len(movable) < 2:
-            return Ordering(HeadOrder([], n))
+            return Ordering(np.arange(n))
         # stable: equal hits keep their queue order
         ranked = movable[np.argsort(-queue.cached_tokens[movable], kind="stable")]
         head[movable] = ranked
-        return Ordering(HeadOrder(head, n))
+        return Ordering(head_order(head, n))

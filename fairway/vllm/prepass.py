@@ -83,10 +83,6 @@ class StepPrepass:
         plans: whether the policy's step plans are applied (`plans_steps` and chunked prefill).
         head_only: tell the policy how far vLLM's scan reaches (tests set it False to compare
             with the full order).
-        tokens_reach: also how far it reaches by tokens (`internals.token_reach`; tests and
-            benchmarks/token_reach.py set it False to compare without it).
-        free_last_early: drop the last order right after reading the queue (False: when the
-            new one replaces it; benchmarks/token_reach.py compares the two).
         step_plan / last_plan: the plan of the step in progress / of the last planned step
             (None after an idle step).
         last: the policy's input and output at the last ordered step (empty while a step is
@@ -117,8 +113,6 @@ class StepPrepass:
         self.plans = plans
         self.top_k = top_k
         self.head_only = True
-        self.tokens_reach = True
-        self.free_last_early = True
         self.stats = FairwayStats()
         self.totals = FairwayStats()
         self.rejected: set[str] = set()
@@ -171,12 +165,7 @@ class StepPrepass:
             self.fallback(exc)
             return None
         current = list(queue)
-        # The last order's list of the queue goes now, while `list(queue)` has just read the same
-        # requests; freed later in the step (after the snapshot and the policy), its references
-        # were cold again.
-        # speed: `benchmarks/token_reach.py --switch early-free` (see docs/results.md)
-        if self.free_last_early:
-            self.last = LastOrder()
+        self.last = LastOrder()
         try:
             placed = self.order_queue(current)
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
@@ -258,13 +247,11 @@ class StepPrepass:
         firsts = [(r.request_id, r.num_tokens - self.probe.cached_tokens(r)) for r in ahead]
         free = internals.free_slots(self.scheduler)
         head = internals.scan_bound(self.scheduler, free) if self.head_only else None
-        by_tokens = head is not None and self.tokens_reach
-        reach = internals.token_reach(self.scheduler) if by_tokens else None
         budget = step_plan.step_budget(self.scheduler, decode_tokens, firsts, free)
         ordering = by_level(
             self.policy.ordering(
                 waiting, Step(now, head, budget, prefilling, tenant_weights=weights,
-                              tokens_reach=reach, kv_usage=usage, num_ahead=num_ahead),
+                              kv_usage=usage, num_ahead=num_ahead),
             ),
             waiting,
         )
@@ -452,7 +439,7 @@ class StepPrepass:
             if 0 <= ordered_pos < placed.num_ordered:  # not preempted-first, not oversized
                 lane = placed.lanes[ordered_pos] if placed.lanes is not None else "single"
                 admitted_lanes[request.request_id] = lane
-                if lane != UNPLACED_LANE:  # past an exact head: no lane placed it
+                if lane != UNPLACED_LANE:  # past the ordered head: no lane placed it
                     placed_counts[lane] = placed_counts.get(lane, 0) + 1
         return admitted
 

@@ -1,4 +1,4 @@
-"""`fairway` over several tenants or priority levels (`FairwayPolicy._classed_ordering`).
+"""`fairway` over several tenants or priority levels (`FairwayPolicy._classed`).
 
 Off (one tenant, one level) the classed path must be exactly today's rule: the property test
 forces it on one-class queues and compares every decision with the plain path over carried steps.
@@ -57,7 +57,7 @@ def test_the_classed_path_on_one_class_is_the_plain_rule_decision_for_decision(
         want = plain.ordering(cols, step)
         if not len(cols) and not running:
             continue
-        got = classed._classed_ordering(cols, step)
+        got = classed._classed(cols, step, whole=False)
         assert got.plan == want.plan
         k = len(queue) if scan is None else min(scan, len(queue))
         assert list(got.order)[:k] == list(want.order)[:k]

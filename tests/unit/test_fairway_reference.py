@@ -1,8 +1,8 @@
 """`fairway`'s engine path (`ordering` over columns) against its plain-Python rule (`decide`).
 
 Two policy objects see the same evolving queue over carried steps: one is asked through
-`ordering()` (the scan's head, numpy columns, lane prefixes), the other through `decide()` (whole
-lanes sorted in Python, its own merge, contest, ledgers, cap and hold). Every decision must be
+`ordering()` (the scan's head, numpy columns, the first entries of each lane), the other through
+`decide()` (the same rule given the whole lanes, sorted in plain Python). Every decision must be
 equal: the order, each position's lane, the plan (front, cap, running order, held prefills,
 budget, contest, charges), the ledgers, and the state the next step reads.
 """
@@ -10,7 +10,6 @@ budget, contest, charges), the ledgers, and the state the next step reads.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 
 import numpy as np
@@ -18,14 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairway.policies import UNPLACED_LANE, PrefillingRequest, QueuedRequest, get
-from fairway.policies.fairway import FairwayPolicy, grants
-from fairway.policies.queue import QueueColumns, Step, StepBudget, StepPlan, TokenReach
+from fairway.policies.fairway import FairwayPolicy
+from fairway.policies.queue import QueueColumns, Step, StepBudget, StepPlan
+from fairway.policies.split import grants
 
 
 def _state(policy: FairwayPolicy) -> tuple:
     """What a later step of the rule reads."""
-    return (dataclasses.astuple(policy.ledger), policy._pending, policy._front_held,
-            policy._held, policy._release)
+    return (dataclasses.astuple(policy.ledger), policy._lane_to_book, policy._front_held,
+            policy._held, policy._hold_none)
 
 
 def _served(plan: StepPlan) -> StepPlan:
@@ -53,15 +53,13 @@ def _request(rng: random.Random, i: int, now: float, levels: int, ties: bool) ->
     tier=st.booleans(),
     ties=st.booleans(),
     extra_scan=st.integers(0, 20),
-    reach=st.sampled_from([None, (0, 0), (0, 600), (512, 2_000), (4_096, 300)]),
 )
 def test_the_engine_path_equals_the_rule_decision_for_decision(
     seed: int, size: int, tokens: int, slots: int, blocks: int | None, levels: int,
-    tier: bool, ties: bool, extra_scan: int, reach: tuple[int, int] | None,
+    tier: bool, ties: bool, extra_scan: int,
 ) -> None:
-    """`reach` (extra budget, growth): the engine is also told vLLM's scan is bounded by
-    tokens (`TokenReach`, with some rows not looked up yet), so it may order only the rows
-    the scan can read (`ExactHead`): those, the plan and the ledgers must still be the rule's."""
+    """The engine is told how far vLLM's scan reaches (`Step.head`) half the time: it orders
+    that head only, and the head, the plan and the ledgers must still be the rule's."""
     rng = random.Random(seed)
     engine, rule = get("fairway"), get("fairway")
     assert isinstance(engine, FairwayPolicy) and isinstance(rule, FairwayPolicy)
@@ -79,24 +77,11 @@ def test_the_engine_path_equals_the_rule_decision_for_decision(
         free = slots if rng.random() < 0.7 else 0  # now and then no slot is free
         budget = StepBudget(tokens, free, free_blocks=blocks)
         head = None if rng.random() < 0.5 else free + extra_scan
-        by_tokens = None
-        if reach is not None and head is not None:
-            by_tokens = TokenReach(tokens + reach[0], reach[1], rng.choice((0, 100, 5_000)))
-            cols.unprobed = np.array([rng.random() < 0.2 for _ in waiting], dtype=bool)
-        got = engine.ordering(cols, Step(now, head, budget, tuple(running),
-                                         tokens_reach=by_tokens))
+        got = engine.ordering(cols, Step(now, head, budget, tuple(running)))
         want = rule.decide(waiting, Step(now, None, budget, tuple(running)), loading)
 
         n = len(waiting)
         k = n if head is None else min(n, head)
-        if by_tokens is not None:  # the rows vLLM's scan can read under the rule's own plan
-            assert want.plan is not None and cols.unprobed is not None
-            cap = want.plan.cap if want.plan.contested else by_tokens.threshold or math.inf
-            assert cap is not None
-            rows = [int(i) for i in want.order]
-            read = by_tokens.reached([waiting[i].remaining for i in rows],
-                                     cols.unprobed[rows].tolist(), cap)
-            k = k if read is None else min(k, read)
         assert sorted(int(i) for i in got.order) == list(range(n))
         assert [int(i) for i in got.order][:k] == list(want.order)[:k]
         assert got.lanes is not None and want.lanes is not None
@@ -168,48 +153,28 @@ def test_the_worked_example_is_the_rules_first_contested_step() -> None:
     assert policy.order([miss, *hits], 10.0) == [1, 2, 3, 4, 5, 0]  # the paper's merge too
 
 
-def _passing_queue(fit_beyond: bool) -> list[QueuedRequest]:
+def _passing_queue() -> list[QueuedRequest]:
     """A 2,048-token step whose Fast lane starts a hit H (40 tokens to compute) and then passes
-    over the older miss F (2,020 > the 2,008 tokens left); 30 recent misses of 2,100+ tokens
-    follow in both lanes, and with `fit_beyond` one recent miss of 1,000 tokens (it fits)."""
+    over the older miss F (2,020 > the 2,008 tokens left) and 30 recent misses of 2,100+ tokens;
+    the newest request, a miss of 1,000 tokens, fits."""
     queue = [QueuedRequest("F", 0.0, 2_020, 0), QueuedRequest("H", 99.0, 4_040, 4_000)]
     queue += [QueuedRequest(f"m{i}", 99.5, 2_100 + 60 * i, 0) for i in range(30)]
-    if fit_beyond:
-        queue.append(QueuedRequest("fits", 99.5, 1_000, 0))
-    return queue
+    return [*queue, QueuedRequest("fits", 99.5, 1_000, 0)]
 
 
-def _decide_calls(policy: FairwayPolicy) -> list[int]:
-    """Counts the engine path's `_decide` calls (one per lane prefix it tries)."""
-    calls = [0]
-    inner = policy._decide
-
-    def counted(*args: object, **kwargs: object) -> object:
-        calls[0] += 1
-        return inner(*args, **kwargs)  # type: ignore[arg-type]
-
-    policy._decide = counted  # type: ignore[method-assign]
-    return calls
-
-
-def test_a_prefix_the_fast_lane_passes_over_decides_as_the_whole_lane() -> None:
-    """The Fast lane's turn comes at the end of its two known rows with 2,008 tokens left and no
-    request beyond them fits: the whole lane would pass over all of them, so the engine path
-    decides from the prefix it has (two `_decide` calls: the prefix, then the same prefix as the
-    whole lane), not by doubling the prefix up to the whole queue (six calls), and decides as
-    the rule does. With a request beyond that fits, it widens the prefix and still agrees."""
+def test_a_fast_lane_that_passes_over_its_head_is_read_further() -> None:
+    """The engine gives the rule the first two entries of each lane (two free slots); the Fast
+    lane passes over both, so the engine reads twice as many of its entries, and again, until
+    it finds the request that fits at the end of the queue: then it decides as the rule does
+    over the whole lanes."""
     budget = StepBudget(2_048, 2)
-    for fit_beyond, want_calls in ((False, 2), (True, 6)):  # 6: rows 2, 4, 8, 16, 32, 33
-        queue = _passing_queue(fit_beyond)
-        engine, rule = get("fairway"), get("fairway")
-        assert isinstance(engine, FairwayPolicy) and isinstance(rule, FairwayPolicy)
-        calls = _decide_calls(engine)
-        got = engine.ordering(QueueColumns.of(queue), Step(100.0, 2, budget))
-        want = rule.decide(queue, Step(100.0, None, budget))
-        assert calls[0] == want_calls, fit_beyond
-        assert [int(i) for i in got.order][:2] == list(want.order)[:2]
-        assert got.plan is not None and want.plan is not None
-        assert dataclasses.replace(got.plan, lanes={}) == dataclasses.replace(want.plan, lanes={})
-        assert _state(engine)[0] == _state(rule)[0]  # the ledgers (placements past the head
-        # are not the engine's to know)
+    queue = _passing_queue()
+    engine, rule = get("fairway"), get("fairway")
+    assert isinstance(engine, FairwayPolicy) and isinstance(rule, FairwayPolicy)
+    got = engine.ordering(QueueColumns.of(queue), Step(100.0, 2, budget))
+    want = rule.decide(queue, Step(100.0, None, budget))
+    assert [int(i) for i in got.order][:2] == list(want.order)[:2]
+    assert got.plan is not None and want.plan is not None
+    assert dataclasses.replace(got.plan, lanes={}) == dataclasses.replace(want.plan, lanes={})
+    assert _state(engine)[0] == _state(rule)[0]
     assert [queue[int(i)].request_id for i in want.order][:3] == ["H", "fits", "F"]

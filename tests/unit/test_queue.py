@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from fairway.policies import QueuedRequest, get, names
 from fairway.policies.queue import (
-    HeadOrder,
     QueueColumns,
     SlotState,
     Step,
@@ -200,32 +199,6 @@ def test_a_head_order_is_its_head_then_the_other_rows_in_row_order(data, n: int)
             check_order([n, *want[1:]], n)
 
 
-@settings(max_examples=300, deadline=None)
-@given(data=st.data(), n=st.integers(0, 60))
-def test_a_head_order_not_built_is_checked_by_its_head(data, n: int) -> None:
-    """`HeadOrder` (what `fairway` and `fairway-step` return): `check_order` checks only its
-    head and gives the same array and the same count of rows moved to the front as for the
-    built `head_order`; it rejects a head with a repeated, out-of-range or non-integer row,
-    or a size that is not the queue's. It reads and compares as the built order."""
-    head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
-    if data.draw(st.booleans(), label="sorted"):
-        head.sort()
-    lazy = HeadOrder(head, n)
-    want, want_moved = check_order(head_order(head, n), n)
-    got, moved = check_order(lazy, n)
-    assert got.tolist() == want.tolist() and moved == want_moved
-    assert len(lazy) == n and lazy == want.tolist() and np.asarray(lazy).tolist() == want.tolist()
-    if head:
-        with pytest.raises(ValueError, match="appears twice"):
-            check_order(HeadOrder([*head, head[0]], n + 1), n + 1)
-        with pytest.raises(ValueError, match="out of range"):
-            check_order(HeadOrder([*head[:-1], n], n), n)
-        with pytest.raises(ValueError, match="integer"):
-            check_order(HeadOrder([float(row) for row in head], n), n)
-    with pytest.raises(ValueError, match="rows"):
-        check_order(HeadOrder(head, n + 1), n)
-
-
 def test_keyed_state_grows_and_keeps_values() -> None:
     state = SlotState()
     assert state.view(np.array([3])).tolist() == [0]
@@ -300,39 +273,3 @@ def test_fairway_plan_over_the_scanned_head_equals_the_whole_queue_and_the_refer
         for policy in (whole, head, reference):
             policy.on_step_end([], sum(prefill.values()), prefill_by_request=prefill)
         assert head.ledger == whole.ledger == reference.ledger
-
-
-def test_token_reach_counts_the_requests_up_to_where_the_scan_surely_stops() -> None:
-    from fairway.policies import TokenReach
-
-    reach = TokenReach(budget=2_048, growth=3_072)
-    inf = float("inf")
-    # short requests may all be hits that grow within the step: 1 token each; a request of
-    # 6,000 uncached computes at least 6,000 - 3,072 = 2,928 >= what is left: the scan stops
-    assert reach.reached([100, 300, 6_000, 50], [False] * 4, inf) == 3
-    assert reach.reached([100, 300, 3_500, 50], [False] * 4, inf) is None  # 428 each at least
-    assert reach.reached([4_000, 4_500, 5_200], [False] * 3, inf) == 2  # 928 + 1,428 >= 2,048
-    # a cap of 1,000 per request: three long requests at least
-    assert reach.reached([9_000, 9_000, 9_000, 9_000], [False] * 4, 1_000) == 3
-    # a request not looked up yet may be cached whole: 1 token
-    assert reach.reached([9_000, 9_000], [True, True], inf) is None
-    assert TokenReach(budget=2, growth=0).reached([1, 1, 1], [False] * 3, inf) == 2
-
-
-def test_head_lanes_read_as_the_list_of_every_lane() -> None:
-    """`HeadLanes` (the placed head's lanes, `UNPLACED_LANE` after) reads, slices and compares
-    as the n-long list it stands for."""
-    from fairway.policies.queue import UNPLACED_LANE, HeadLanes
-
-    lanes = HeadLanes(["fast", "fair"], 5)
-    full = ["fast", "fair"] + [UNPLACED_LANE] * 3
-    assert len(lanes) == 5 and list(lanes) == full and lanes == full and full == lanes
-    assert lanes[1] == "fair" and lanes[2] == UNPLACED_LANE and lanes[-1] == UNPLACED_LANE
-    assert lanes[-5] == "fast" and lanes[:3] == full[:3] and lanes[1::2] == full[1::2]
-    assert lanes != full[:4] and lanes != ["fair", "fast"] + [UNPLACED_LANE] * 3
-    assert lanes != "fastfair" and HeadLanes([], 0) == []
-    for bad in (5, -6):
-        with pytest.raises(IndexError):
-            lanes[bad]
-    with pytest.raises(ValueError, match="3 placed lanes for 2 positions"):
-        HeadLanes(["fast"] * 3, 2)
