@@ -37,7 +37,8 @@ class Policy(ABC):
         * call `ordering()` before every step in which a request can start (for a policy with
           `plans_steps` also when only prefills run; with `orders_every_step` before every
           step with a waiting request), apply its order (and plan);
-        * call `idle_step()` instead for a step in which no prefill can run (`plans_steps` only);
+        * call `step_without_prefill()` instead for a step in which no prefill can run
+          (`plans_steps` only);
         * call `on_step_end()` after the step with the ids the engine started from that order
           and the prefill tokens it scheduled (stateful policies count admissions, not
           placements; HRRN ages by prefill tokens processed); a policy with `plans_steps` also
@@ -71,7 +72,7 @@ class Policy(ABC):
         queue's views, every position exact."""
         return Ordering(self.order(queue.views(), step.now))
 
-    def idle_step(self) -> None:  # noqa: B027 - optional hook
+    def step_without_prefill(self) -> None:  # noqa: B027 - optional hook
         """A step in which no prefill can run: no free request slot and no running request in
         prefill. The engine skips `ordering()` for it (policies with `plans_steps`): nothing
         can start and nothing is capped. Default: nothing."""

@@ -163,14 +163,14 @@ class FairwayPolicy(FastLanePolicy):
         fast_lane = np.lexsort((tie, arrival, -scores, level))
         fair_lane = np.lexsort((tie, arrival, waiting, level))
         head = n if step.budget is None or step.head is None or whole else min(n, step.head)
-        reach = max(head, 1) + m
+        depth = max(head, 1) + m
         queue_work = float(queue.remaining.sum())
         budget = step.budget
         tokens = 0 if budget is None else max(0, budget.tokens - sum(budget.ahead))
         if len(np.unique(tenant[level == level.min()])) > 1:  # tenants share the top level
             self.shares.contend = budget is not None and float(work.sum()) > tokens
             placements, classes, work_of, done = self.shares.interleave(
-                fast_lane, fair_lane, share, level, work, prompt, waiting, reach, tokens,
+                fast_lane, fair_lane, share, level, work, prompt, waiting, depth, tokens,
                 self.fast_weight, whole,
             )
             lanes = StepLanes(placements[0], placements[0], work_of, done, queue_work, n,
@@ -181,16 +181,16 @@ class FairwayPolicy(FastLanePolicy):
             self.shares.class_of_id = dict(zip(decided.plan.lanes, classes, strict=True))
             return decided
         self.shares.contend = False  # one tenant per level: no share to keep
-        fair = lane_prefix(fair_lane, waiting, reach)
+        fair = lane_prefix(fair_lane, waiting, depth)
         while True:
-            fast = lane_prefix(fast_lane, waiting, reach)
+            fast = lane_prefix(fast_lane, waiting, depth)
             work_of, done = key_maps(np.union1d(fast, fair), n, work, prompt)
             lanes = StepLanes(entry_keys(fast, n).tolist(), entry_keys(fair, n).tolist(), work_of,
                               done, queue_work, n, queue.ids_of, int(waiting[fast].sum()) >= n)
             decided = self._rule(lanes, step, shared=level.min() != level.max())
             if decided is not None:
                 return decided
-            reach *= 2
+            depth *= 2
 
     # --- the rule ---------------------------------------------------------------------------------
 
@@ -277,7 +277,7 @@ class FairwayPolicy(FastLanePolicy):
 
     # --- after the step --------------------------------------------------------------------------
 
-    def idle_step(self) -> None:
+    def step_without_prefill(self) -> None:
         """No prefill can run this step: nothing is scheduled, so nothing is booked; the ledgers
         stay (a step without prefill tokens neither ends nor moves a contest)."""
         self._lane_to_book = None

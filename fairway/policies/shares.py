@@ -74,7 +74,7 @@ class TenantShares:
         work: np.ndarray,
         prompt: np.ndarray,
         waiting: np.ndarray,
-        reach: int,
+        depth: int,
         tokens: int,
         fast_weight: float,
         whole: bool = False,
@@ -86,7 +86,7 @@ class TenantShares:
         and done tokens by key of the entries read.
 
         A class's lanes are read while its waiting work before an entry is below the step's
-        tokens (and up to its `reach`-th waiting request), and every running prefill of it: an
+        tokens (and up to its `depth`-th waiting request), and every running prefill of it: an
         entry past that has at least a step of work placed before it, so it gets nothing this
         step, whatever the other classes' tags. `whole`: read every entry (the reference).
         """
@@ -95,9 +95,9 @@ class TenantShares:
         class_size = np.bincount(share[fast_lane])
         while True:
             fast_entries, fast_groups = class_prefixes(fast_lane, share, waiting, work, limit,
-                                                       reach)
+                                                       depth)
             fair_entries, fair_groups = class_prefixes(fair_lane, share, waiting, work, limit,
-                                                       reach)
+                                                       depth)
             work_of, done = key_maps(np.union1d(fast_entries, fair_entries), n, work, prompt)
             fast_keys = entry_keys(fast_entries, n).tolist()
             fair_keys = entry_keys(fair_entries, n).tolist()
@@ -119,7 +119,7 @@ class TenantShares:
                 charges.append(charged)
             else:
                 break
-            limit, reach = 2 * limit, 2 * reach
+            limit, depth = 2 * limit, 2 * depth
         flat = np.asarray([k for group in sequences for k in group], dtype=np.int64)
         entry = np.where(flat >= 0, flat, n - flat - 1)  # key -(j + 1): running prefill j
         tags = tenant_tags(np.arange(len(entry)), share[entry], work[entry], self.served,
@@ -281,11 +281,11 @@ def tenant_tags(
     return tags
 
 
-def lane_prefix(lane: np.ndarray, waiting: np.ndarray, reach: int) -> np.ndarray:
-    """The lane's entries up to its `reach`-th waiting request, and every running prefill."""
+def lane_prefix(lane: np.ndarray, waiting: np.ndarray, depth: int) -> np.ndarray:
+    """The lane's entries up to its `depth`-th waiting request, and every running prefill."""
     is_waiting = waiting[lane]
     rank = np.cumsum(is_waiting)
-    prefix: np.ndarray = lane[~is_waiting | (rank <= reach)]
+    prefix: np.ndarray = lane[~is_waiting | (rank <= depth)]
     return prefix
 
 
@@ -310,10 +310,10 @@ def key_maps(
 
 def class_prefixes(
     lane: np.ndarray, share: np.ndarray, waiting: np.ndarray, work: np.ndarray, limit: float,
-    reach: int,
+    depth: int,
 ) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
     """Each share class's part of a lane, in the lane's order, while the class's waiting work
-    before an entry is below `limit` (the entry reaching it included) and up to its `reach`-th
+    before an entry is below `limit` (the entry reaching it included) and up to its `depth`-th
     waiting entry, with every running prefill: the entries grouped by class, and each class's
     [start, end) in them (one stable sort and grouped cumulative sums for all classes)."""
     classes = share[lane]
@@ -326,7 +326,7 @@ def class_prefixes(
     before = cum - waiting_work - (cum[starts] - waiting_work[starts])
     count = np.cumsum(is_waiting)
     rank = count - (count[starts] - is_waiting[starts])
-    keep = ~is_waiting | ((before < limit) & (rank <= reach))
+    keep = ~is_waiting | ((before < limit) & (rank <= depth))
     kept, kept_group = grouped[keep], group[keep]
     codes, first = np.unique(kept_group, return_index=True)
     ends = [*first[1:].tolist(), len(kept)]

@@ -145,7 +145,7 @@ class StepPrepass:
         the queue keeps its last order and only the probe advances (new arrivals within its
         budget, changed hits). For a policy that plans steps only when no running request is
         in prefill either (its plan also caps the running prefills): nothing is contested, and
-        the policy is told so (`idle_step`).
+        the policy is told so (`step_without_prefill`).
         """
         queue = internals.waiting_queue(self.scheduler)
         self.ran = bool(queue)
@@ -157,7 +157,7 @@ class StepPrepass:
                 # a policy whose order persists is asked all the same (`orders_every_step`)
                 if not contested and not (queue and type(self.policy).orders_every_step):
                     if queue and self.plans:
-                        self.policy.idle_step()
+                        self.policy.step_without_prefill()
                         self.last_plan = None
                     self.skip(queue)
                     return None

@@ -2,10 +2,10 @@
 
 With every request slot taken and no running request in prefill, vLLM can start nothing and has
 no prefill to cap, so the step is not contested: the scheduler only advances the probe and calls
-the policy's `idle_step()` (ledgers kept, as the plan of such a step keeps them). Two real
-schedulers, one planning every step as before (the check `has_running_prefill` forced true),
-get the same workload with long decodes that fill the slots; every step must schedule the same
-requests and tokens, and the ledgers must agree after every step.
+the policy's `step_without_prefill()` (ledgers kept, as the plan of such a step keeps them).
+Two real schedulers, one planning every step as before (the check `has_running_prefill` forced
+true), get the same workload with long decodes that fill the slots; every step must schedule the
+same requests and tokens, and the ledgers must agree after every step.
 """
 
 from __future__ import annotations
