@@ -34,7 +34,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 MIN_MODEL_LEN = 32_768
 #: Longest prompt the replay accepts: the context of the model it stands for (Llama-3.1-8B, the
 #: shipped table's), which the offline engine's config declares
-#: (`fairway.vllm.offline.MODEL_CONTEXT_TOKENS`, kept equal by a test; not imported: vLLM).
+#: (`fairway.vllm.offline_vllm.MODEL_CONTEXT_TOKENS`, kept equal by a test; not imported: vLLM).
 MAX_PROMPT_TOKENS = 131_072
 
 

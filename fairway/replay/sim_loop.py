@@ -146,14 +146,14 @@ class ReplayLoop:
     def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
                  clock: VirtualClock, block_size: int, progress: bool,
                  hooks: ReplayHooks | None, tier: TierTransfers | None = None) -> None:
-        from fairway.vllm import offline  # lazy, as every vLLM-side import here
+        from fairway.vllm import offline_vllm  # lazy, as every vLLM-side import here
 
         self.requests = trace.requests
         self.scheduler = scheduler
         self.cost = cost
         self.clock = clock
         self.block_size = block_size
-        self.vocab_size = int(offline.TINY_MODEL_CONFIG["vocab_size"])
+        self.vocab_size = int(offline_vllm.TINY_MODEL_CONFIG["vocab_size"])
         self.recorder = _Recorder(trace.requests)
         self.on_step = hooks.on_step if hooks is not None else None
         self.progress = progress

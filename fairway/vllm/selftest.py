@@ -4,7 +4,7 @@ vLLM before a Fairway scheduler serves.
 `internals.check_internals` finds names; a release can keep a name and change what it holds
 (0.34 kept `BlockHashToBlockMap._cache` with block ids in it, 0.33 made
 `grammar_compile_error_reqs` a dict). So a Fairway scheduler first builds a small scheduler of
-vLLM's own, offline, from the same vLLM (`offline.make_offline_scheduler`, no model, a fake KV
+vLLM's own, offline, from the same vLLM (`offline_vllm.make_vllm_scheduler`, no model, a fake KV
 cache of a few blocks), drives a few steps through `internals` and compares each answer with
 what vLLM itself then does. Each failed check is reported by the internal's name and what was
 found, and the scheduler refuses to start. Runs once per process.
@@ -42,12 +42,12 @@ def problems() -> tuple[str, ...]:
 
 def find_problems() -> tuple[str, ...]:
     """`name: what was found` for each internal whose meaning differs on the running vLLM."""
-    from fairway.vllm import offline
+    from fairway.vllm import offline_vllm  # vLLM's own scheduler: not Fairway's, which runs this
 
     found: list[str] = []
     for names, check in CHECKS:
         try:
-            result = check(offline)
+            result = check(offline_vllm)
         except Exception as exc:  # noqa: BLE001 - every failure is a finding
             result = f"raised {type(exc).__name__}: {exc}"
         if result is not None:
@@ -56,11 +56,12 @@ def find_problems() -> tuple[str, ...]:
 
 
 def _scheduler(offline: Any, **kwargs: Any) -> Any:
-    """vLLM's own scheduler (not Fairway's), offline, with a small cache."""
+    """vLLM's own scheduler (not Fairway's), offline, with a small cache (`offline`: the module
+    `fairway.vllm.offline_vllm`, as every check here gets it)."""
     kwargs.setdefault("num_blocks", 64)
     kwargs.setdefault("max_num_batched_tokens", 256)
     kwargs.setdefault("max_num_seqs", 4)
-    return offline.make_offline_scheduler(None, block_size=BLOCK, log_stats=False, **kwargs)
+    return offline.make_vllm_scheduler(block_size=BLOCK, log_stats=False, **kwargs)
 
 
 def _tokens(start: int, n: int) -> list[int]:

@@ -33,7 +33,9 @@ def small_trace() -> Trace:
 
 
 def test_the_offline_config_declares_the_replays_context(offline):
-    assert offline.MODEL_CONTEXT_TOKENS == engine_sizing.MAX_PROMPT_TOKENS == CONTEXT
+    from fairway.vllm.offline_vllm import MODEL_CONTEXT_TOKENS
+
+    assert MODEL_CONTEXT_TOKENS == engine_sizing.MAX_PROMPT_TOKENS == CONTEXT
     # vLLM refused this before: max_model_len 131,088 > max_position_embeddings 131,072.
     sched = offline.make_offline_scheduler("fcfs", max_model_len=CONTEXT + 16)
     assert sched.max_model_len == CONTEXT + 16

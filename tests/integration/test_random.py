@@ -144,6 +144,8 @@ def test_random_run_async_scheduler(offline, helpers, policy):
 
 def test_async_scheduler_with_two_steps_in_flight(offline, helpers):
     """The engine's batch-queue pattern: schedule step N+1 before step N's output is processed."""
+    from fairway.vllm.offline_vllm import sampled_tokens
+
     sched = offline.make_offline_scheduler(
         "fairway", async_scheduling=True, num_blocks=400, max_num_batched_tokens=128
     )
@@ -157,7 +159,7 @@ def test_async_scheduler_with_two_steps_in_flight(offline, helpers):
         if not sched.has_requests() and not in_flight:
             break
         output = sched.schedule()
-        in_flight.append((output, offline.sampled_tokens(sched, output)))
+        in_flight.append((output, sampled_tokens(sched, output)))
         if len(in_flight) == 2 or output.total_num_scheduled_tokens == 0:
             done, sampled = in_flight.popleft()
             engine_outputs = sched.update_from_output(
