@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from fairway.errors import FairwayError
-from fairway.policies.queue import PrefillingRequest, TokenReach
+from fairway.policies.queue import PrefillingRequest
 from fairway.tenants import TENANT_KEY
 
 if TYPE_CHECKING:
@@ -217,43 +217,6 @@ def scan_bound(scheduler: Scheduler, free: int | None = None) -> int | None:
     if scheduler.get_kv_connector() is not None:
         return None
     return (free_slots(scheduler) if free is None else free) + deferred_count(scheduler)
-
-
-#: Scheduler fields whose values let vLLM's admission give a waiting request fewer tokens than
-#: min(uncached, cap, tokens left) without stopping (0.32): a Mamba-aligned split, encoder
-#: inputs, multi-token-prediction lookahead, an encoder-only model. Each must read as off
-#: (False or 0) for `token_reach` to bound the scan by tokens.
-SCAN_SHORTENERS = (
-    "is_encoder_decoder",
-    "need_mamba_block_aligned_split",
-    "num_prefill_lookahead",
-    "is_mm_encoder_only",
-    "max_num_encoder_input_tokens",
-)
-
-
-def token_reach(scheduler: Scheduler) -> TokenReach | None:
-    """The token bound on this step's scan of the waiting queue (`TokenReach`), or None when it
-    may not hold: a KV connector or LoRA (`scan_bound` None: they skip or load any request),
-    requests vLLM skipped earlier and may skip again (a skip reads a position without taking
-    tokens), or any of `SCAN_SHORTENERS` on (they cut a request's tokens and the scan goes on).
-
-    vLLM caches a block when it allocates it, so a waiting request can hit blocks allocated
-    earlier in the same step: by the step's tokens, plus one partly filled block completed per
-    scheduled request (`max_num_running_reqs` of them at most); that is `growth`.
-    """
-    if scan_bound(scheduler, 0) != 0:  # a connector or LoRA (None), or deferred requests
-        return None
-    for name in SCAN_SHORTENERS:
-        # vLLM internal: Scheduler.is_encoder_decoder / need_mamba_block_aligned_split /
-        # num_prefill_lookahead / is_mm_encoder_only / max_num_encoder_input_tokens
-        if getattr(scheduler, name):
-            return None
-    budget = token_budget(scheduler)
-    block = block_size_of(kv_cache_manager(scheduler))
-    slots = scheduler.max_num_running_reqs  # vLLM internal: Scheduler.max_num_running_reqs
-    threshold, _ = prefill_cap(scheduler)
-    return TokenReach(budget, budget + block * slots, max(0, int(threshold)))
 
 
 def scheduled_tokens(output: SchedulerOutput) -> Mapping[str, int]:
@@ -744,7 +707,6 @@ INTERNAL_NAMES: tuple[str, ...] = (
     "Scheduler.max_num_active_reqs",
     "Scheduler.num_waiting_for_streaming_input",
     "Scheduler.lora_config",
-    *(f"Scheduler.{name}" for name in SCAN_SHORTENERS),
     "KVCacheManager.coordinator",
     "KVCacheManager.block_pool",
     "KVCacheCoordinator.find_longest_cache_hit",
