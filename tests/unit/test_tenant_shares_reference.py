@@ -1,4 +1,4 @@
-"""`fairway` with tenants and priority levels: the engine path against the same rule over whole lanes.
+"""`fairway` with tenants and levels: the engine path against the same rule over whole lanes.
 
 Two policy objects see the same evolving queue of several tenants (weights 1, 2 and 0.5) and
 priority levels over carried steps: one through `ordering()` (the scan's head; each share class's
