@@ -26,7 +26,8 @@ A job takes tokens x `LoadCost.kv_bytes_per_token` / the direction's rate; its t
 GPU blocks of its GPU-side spec (a load's destination, a store's source) x the block size.
 
 Imports no vLLM (only `fairway/vllm` may): what reads or builds vLLM's objects is in
-`fairway.vllm.offload_worker`, imported where it is used, as `fairway.replay.sim` does.
+`fairway.vllm.internals` (a step's transfers, the worker's report), imported where it is used, as
+`fairway.replay.sim` does.
 """
 
 from __future__ import annotations
@@ -157,8 +158,9 @@ class TierTransfers:
         self.block_size = block_size
         self._loads = _Channel(cost.load_s(1))
         self._stores = _Channel(cost.store_s(1))
-        #: Stores of the last step (vLLM `TransferJob`s), submitted at the start of the next.
-        self._deferred: list[tuple[int, Any]] = []
+        #: Stores of the last step, (job id, (request id, GPU blocks)), submitted at the start
+        #: of the next.
+        self._deferred: list[tuple[int, tuple[str, int]]] = []
         self.counters = TierCounters()
         self.loaded_by_request: dict[str, int] = {}
 
@@ -181,14 +183,17 @@ class TierTransfers:
                 job id -> `TransferJob(req_id, src_spec, dst_spec)`; `jobs_to_flush`), or None.
             now: when the step's `schedule()` ran.
         """
-        store_jobs = dict(metadata.store_jobs) if metadata is not None else {}
-        flush = set(metadata.jobs_to_flush or ()) if metadata is not None else set()
+        from fairway.vllm import internals
+
+        transfers = internals.offload_transfers(metadata)
+        store_jobs = dict(transfers.stores)
+        flush = transfers.flush
         submit = self._deferred + [(job_id, store_jobs.pop(job_id))
                                    for job_id in sorted(flush) if job_id in store_jobs]
         self._deferred = sorted(store_jobs.items())
-        for job_id, job in submit:
-            tokens = self._tokens(job.src_spec)
-            submitted = self._stores.submit(job_id, job.req_id, tokens, now)
+        for job_id, (req_id, blocks) in submit:
+            tokens = blocks * self.block_size
+            submitted = self._stores.submit(job_id, req_id, tokens, now)
             self.counters.stores += 1
             self.counters.stored_tokens += tokens
             self.counters.store_s += submitted.seconds
@@ -200,15 +205,13 @@ class TierTransfers:
             if delay > 0.0:
                 self.counters.flushes += 1
                 self.counters.flush_wait_s += delay
-        if metadata is not None:
-            for job_id, job in sorted(metadata.load_jobs.items()):
-                tokens = self._tokens(job.dst_spec)
-                submitted = self._loads.submit(job_id, job.req_id, tokens, now + delay)
-                self.counters.loads += 1
-                self.counters.loaded_tokens += tokens
-                self.counters.load_s += submitted.seconds
-                self.loaded_by_request[job.req_id] = (
-                    self.loaded_by_request.get(job.req_id, 0) + tokens)
+        for job_id, (req_id, blocks) in sorted(transfers.loads.items()):
+            tokens = blocks * self.block_size
+            submitted = self._loads.submit(job_id, req_id, tokens, now + delay)
+            self.counters.loads += 1
+            self.counters.loaded_tokens += tokens
+            self.counters.load_s += submitted.seconds
+            self.loaded_by_request[req_id] = self.loaded_by_request.get(req_id, 0) + tokens
         return delay
 
     def finish_step(self, now_end: float) -> Any:
@@ -218,16 +221,10 @@ class TierTransfers:
         stores = self._stores.done_by(now_end)
         if not loads and not stores:
             return None
-        from fairway.vllm import offload_worker
+        from fairway.vllm import internals
 
         def rows(jobs: Iterable[_Transfer]) -> list[tuple[int, str, int, float]]:
             per_token = self.cost.kv_bytes_per_token
             return [(j.job_id, j.req_id, j.tokens * per_token, j.seconds) for j in jobs]
 
-        return offload_worker.worker_output(rows(loads), rows(stores))
-
-    def _tokens(self, spec: Any) -> int:
-        """Tokens of a GPU-side spec: its blocks x the block size."""
-        from fairway.vllm import offload_worker
-
-        return offload_worker.spec_blocks(spec) * self.block_size
+        return internals.offload_worker_output(rows(loads), rows(stores))

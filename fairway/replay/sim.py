@@ -255,9 +255,12 @@ def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
     The engine's limits are read back from the scheduler's own config, so the result shows what
     vLLM ran with, not what was asked for.
     """
+    from fairway.vllm import internals
+
     header = trace.header
     totals = scheduler.fairway_totals
-    engine_config = scheduler.scheduler_config
+    config = internals.vllm_config(scheduler)
+    engine_config = config.scheduler_config
     return {
         "mode": "virtual",
         "policy": policy,
@@ -267,7 +270,7 @@ def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
         "kv_cache": sizing.to_json(),
         "max_num_batched_tokens": engine_config.max_num_batched_tokens,
         "max_num_seqs": engine_config.max_num_seqs,
-        "max_model_len": scheduler.max_model_len,
+        "max_model_len": config.model_config.max_model_len,
         "scheduling_policy": str(engine_config.policy),
         "chunked_prefill": True,
         "prefix_caching": True,

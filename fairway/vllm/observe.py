@@ -70,7 +70,7 @@ class StepObserver:
                 labels = self.tenant_labels if self.tenants is not None else None
                 pending_tenants = self.pending_tenants
                 for request_id, request, computed in new:
-                    if request.num_preemptions:  # resumed, not a first admission
+                    if internals.times_preempted(request):  # resumed, not a first admission
                         continue
                     cache = cache_label(computed, request.num_prompt_tokens)
                     lane = lanes.get(request_id, NO_LANE)

@@ -307,9 +307,9 @@ def sampled_tokens(
     Call it right after `schedule()`: with async scheduling a later `schedule()` changes the
     requests' chunk state before the output of the earlier step is processed.
     """
-    requests = scheduler.requests
+    requests = internals.requests_by_id(scheduler)
     return {
-        req_id: ([] if requests[req_id].is_prefill_chunk else [token])
+        req_id: ([] if internals.is_prefill_chunk(requests[req_id]) else [token])
         for req_id in scheduler_output.num_scheduled_tokens
     }
 

@@ -1,17 +1,19 @@
 """The vLLM side of the virtual replay's CPU offload tier (`fairway.replay.offload_sim`).
 
-`offload_sim.TierTransfers` times the offloading worker's copies without vLLM; this module is the
-part that touches vLLM: the `kv_transfer_config` of a tier of N blocks in the offline engine, the
-check that vLLM built that tier, a step's connector metadata, the size of a transfer spec, and the
-worker's report in vLLM's own types. The connector's fields are not a public API: each access is
-tagged `# vLLM internal:` (as in `fairway.vllm.internals`, which other code owns).
+`offload_sim.TierTransfers` times the offloading worker's copies without vLLM; this module builds
+what the offline engine needs for the tier: the `kv_transfer_config` of a tier of N blocks, the
+check that vLLM built that tier, a step's connector metadata, and an order for the ids of the
+requests that finish between steps. The connector's fields are not a public API: every one this
+module reads or writes goes through `fairway.vllm.internals` (its `offload` topic), as do a
+step's transfers (`internals.offload_transfers`) and the worker's report in vLLM's own types
+(`internals.offload_worker_output`), which `offload_sim` calls.
 
-Imports vLLM only inside the functions that need its classes, so that importing it stays cheap.
+Imports no vLLM itself (`internals` does, inside the functions that need its classes), so that
+importing it stays cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from fairway.errors import FairwayConfigError
@@ -31,14 +33,11 @@ def transfer_config(blocks: int) -> dict[str, Any]:
     """
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise FairwayConfigError(f"the offload tier needs an integer >= 1 of blocks: {blocks!r}")
-    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
     return {
         "kv_connector": CONNECTOR,
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
-            # vLLM internal: SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT
-            "cpu_bytes_to_use": blocks * SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT,
+            "cpu_bytes_to_use": blocks * internals.offload_alignment_bytes(),
         },
     }
 
@@ -62,10 +61,7 @@ def check_tier_blocks(scheduler: Any, blocks: int) -> None:
     Raises:
         FairwayConfigError: another chunk count, or chunks of several blocks.
     """
-    tier = tier_scheduler(scheduler)
-    # vLLM internal: CPUOffloadingManager._num_chunks, SchedulerOffloadConfig.blocks_per_chunk
-    chunks = tier.manager._num_chunks
-    per_chunk = tier.config.blocks_per_chunk
+    chunks, per_chunk = internals.offload_tier_chunks(tier_scheduler(scheduler))
     if chunks != blocks or per_chunk != 1:
         raise FairwayConfigError(
             f"vLLM built an offload tier of {chunks!r} chunks of {per_chunk} blocks, not "
@@ -78,40 +74,6 @@ def step_metadata(scheduler_output: Any) -> Any:
     """The connector's plan for a step (`OffloadingConnectorMetadata`: `load_jobs`,
     `store_jobs`, `jobs_to_flush`), as `schedule()` attached it to its output."""
     return scheduler_output.kv_connector_metadata
-
-
-def spec_blocks(spec: Any) -> int:
-    """GPU blocks of a transfer's GPU-side `GPULoadStoreSpec`."""
-    return len(spec.block_ids)  # vLLM internal: BlockIDsLoadStoreSpec.block_ids
-
-
-def worker_output(loads: Iterable[tuple[int, str, int, float]],
-                  stores: Iterable[tuple[int, str, int, float]]) -> Any:
-    """The offloading worker's `KVConnectorOutput` for finished jobs.
-
-    Args:
-        loads / stores: (job id, request id, bytes, seconds) of each finished job.
-
-    Returns:
-        Loads' request ids as `finished_recving` (None: no load), every job in
-        `OffloadingWorkerMetadata.completed_jobs` (count 1: one worker) with vLLM's transfer
-        stats; stores never appear in `finished_sending` (vLLM's `get_finished`).
-    """
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-        OffloadingWorkerMetadata,
-    )
-    from vllm.v1.outputs import KVConnectorOutput
-
-    meta = OffloadingWorkerMetadata()
-    for job_id, _, num_bytes, seconds in stores:
-        meta.mark_completed(job_id)
-        meta.transfer_stats.store.record(num_bytes, seconds)
-    recving = set()
-    for job_id, req_id, num_bytes, seconds in loads:
-        meta.mark_completed(job_id)
-        meta.transfer_stats.load.record(num_bytes, seconds)
-        recving.add(req_id)
-    return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=meta)
 
 
 class FinishOrder(set[str]):
@@ -141,10 +103,10 @@ class FinishOrder(set[str]):
 def order_finished_ids(scheduler: Any) -> None:
     """Give the scheduler a `FinishOrder` for the ids that finish before its next `schedule()`
     (which hands it to the connector and starts a new plain set: call this after each)."""
-    current = scheduler.finished_req_ids  # vLLM internal: Scheduler.finished_req_ids
+    current = internals.finished_request_ids(scheduler)
     if isinstance(current, FinishOrder):
         return
     replacement = FinishOrder()
     for request_id in sorted(current):
         replacement.add(request_id)
-    scheduler.finished_req_ids = replacement
+    internals.set_finished_request_ids(scheduler, replacement)

@@ -205,7 +205,7 @@ class FairwaySchedulerMixin(_SchedulerBase):
     def add_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         """vLLM's unchanged; the probe registers the new request (a streaming update of a known
         request drops its memo: its tokens change)."""
-        existing = self.requests.get(request.request_id)  # vLLM internal: Scheduler.requests
+        existing = internals.requests_by_id(self).get(request.request_id)
         result = super().add_request(request, *args, **kwargs)
         try:
             if existing is not None:

@@ -107,7 +107,8 @@ def _resumed(offline: Any) -> str | None:
         if not sched.has_requests():
             break
         waiting = {r.request_id for r in internals.waiting_queue(sched)}
-        preempted = {r.request_id for r in internals.waiting_queue(sched) if r.num_preemptions}
+        preempted = {r.request_id for r in internals.waiting_queue(sched)
+                     if internals.times_preempted(r)}
         output, _ = _step(offline, sched)
         started = list(internals.started_ids(output))
         left = waiting - {r.request_id for r in internals.waiting_queue(sched)}
@@ -172,9 +173,9 @@ def _request_error(offline: Any) -> str | None:
               if o.request_id == "bad" and o.finish_reason == FinishReason.ERROR]
     if len(errors) != 1 or "bad" in internals.requests_by_id(sched):
         return "the reported request was not finished with an error output"
-    error = getattr(errors[0], "error", None)  # 0.33+: RequestError; 0.32: no field
-    if error is not None and error.message != "fairway self-test":
-        return f"the error output carries {error.message!r}"
+    message = internals.error_message(errors[0])  # 0.33+: RequestError's; 0.32: None
+    if message is not None and message != "fairway self-test":
+        return f"the error output carries {message!r}"
     return None
 
 
@@ -220,10 +221,12 @@ def _prefill_cap(offline: Any) -> str | None:
 #: Every check, by the internals it exercises.
 CHECKS: tuple[Check, ...] = (
     ("Scheduler.waiting (order), SchedulerOutput.scheduled_new_reqs (started)", _queue_order),
-    ("CachedRequestData.resumed_req_ids / resumed requests", _resumed),
+    ("CachedRequestData.resumed_req_ids / resumed requests, Request.num_preemptions",
+     _resumed),
     ("KVCacheCoordinator.find_longest_cache_hit, BlockHashToBlockMap._cache entries, "
      "FreeKVCacheBlockQueue, BlockPool.reset_prefix_cache", _prefix_hits),
-    ("Scheduler.grammar_compile_error_reqs (request errors)", _request_error),
+    ("Scheduler.grammar_compile_error_reqs, EngineCoreOutput.error (request errors)",
+     _request_error),
     ("Request.skip_reading_prefix_cache / skip_reading_external_kv", _reading_skips),
     ("SchedulerConfig.long_prefill_token_threshold, Scheduler.max_num_scheduled_tokens / "
      "max_num_active_reqs, Request.is_prefill_chunk", _prefill_cap),

@@ -58,6 +58,7 @@ class TierProbe:
                 "CPUOffloadingManager is read (its lookup is a dict read; another manager's may "
                 "start a transfer)"
             )
+        self._lookup = internals.offload_lookup(self._manager)
         self._hit, self._miss = internals.offload_lookup_results()
         self.weight = float(weight)
         self._changed: set[bytes] = set()
@@ -218,8 +219,8 @@ class TierProbe:
                 inserted += len(keys)
         self._next_job = counter
         used = internals.offload_used_chunks(manager)
-        if used is None or self._used is None or used < self._used + inserted:
-            check_all = True  # chunks were freed (an eviction), or the manager keeps no count
+        if used < self._used + inserted:
+            check_all = True  # chunks were freed (an eviction)
         self._used = used
         return check_all
 
@@ -266,7 +267,7 @@ class TierProbe:
             if known is not None and known[1] > stop:
                 known = None
         ctx = internals.offload_request_context(self._tier, request.request_id)
-        lookup, hit, miss, key = self._manager.lookup, self._hit, self._miss, self._key
+        lookup, hit, miss, key = self._lookup, self._hit, self._miss, self._key
         i, pending = start, False
         runs = self._runs
         first = key(hashes, start) if start < stop else None
@@ -329,13 +330,9 @@ class TierProbe:
 
 def _load_limit(request: Request, gpu_hit: int, chunk_tokens: int) -> int | None:
     """The chunk a load may not reach under the request's `max_load_tokens` (vLLM's
-    experimental `kv_transfer_params` field, read as the connector reads it); None: no cap."""
-    # vLLM internal: the offloading connector's "max_load_tokens" kv_transfer_params key
-    params = request.kv_transfer_params
-    raw = params.get("max_load_tokens") if params else None
-    if type(raw) is not int or raw < 0:
-        return None
-    return (gpu_hit + raw) // chunk_tokens
+    experimental `kv_transfer_params` field, `internals.max_load_tokens`); None: no cap."""
+    cap = internals.max_load_tokens(request)
+    return None if cap is None else (gpu_hit + cap) // chunk_tokens
 
 
 def tier_weight(rule: str, fixed_weight: float, load_to_compute: float) -> float:

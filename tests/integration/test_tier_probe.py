@@ -205,6 +205,23 @@ def test_a_request_that_skips_the_prefix_cache_gets_no_tier_hit(offline, helpers
     assert "skip" not in worker.loads and worker.loads.get("hit") == hit_tokens
 
 
+def test_a_capped_request_is_probed_as_the_connector_loads_it(offline, helpers):
+    """`kv_transfer_params={"max_load_tokens": 128}` (`internals.max_load_tokens`): the probe
+    counts the 128 tier tokens the connector then loads, not the whole prefix the tier holds
+    (>= 300 tokens: `test_a_tier_hit_is_priced_as_a_load`)."""
+    sched = _scheduler(offline)
+    worker = _Worker()
+    seen = _record_lookups(sched)
+    doc = helpers.tokens(1, 400)
+    _warm_tier(offline, helpers, sched, worker, [doc, helpers.tokens(1_000, 600)])
+    sched.add_request(offline.make_request(
+        "capped", doc + helpers.tokens(90_000, 20), 50.0,
+        extra_args={"kv_transfer_params": {"max_load_tokens": 128}}))
+    worker.step(offline, sched)
+    assert seen["capped"] == (128, False)
+    assert worker.loads == {"capped": 128}
+
+
 def test_a_request_with_tier_blocks_in_flight_never_holds_the_step(offline, helpers):
     """Its blocks' store has not completed (HIT_PENDING): the connector would defer it, so the
     probe marks it deferred, the order puts it behind the others, and the step admits them."""
