@@ -40,8 +40,9 @@ the rest:
     counter's own cost);
   * "added" = the arm's median minus vLLM's median of the same kind and size, both from the same
     run (paired medians): what running Fairway instead of vLLM's own scheduler costs a step. This
-    is what the goals (`GOALS_MS`, the "goal met" column) bound: <= 0.5 ms at 1,000 waiting and
-    <= 2 ms at 10,000 in every kind but "burst", <= 10 ms for the step after a burst of 1,000.
+    is what the goals (`GOALS_MS`, the "goal met" column) bound: <= 1 ms at 1,000 waiting and
+    <= 5 ms at 10,000 in every kind but "burst", <= 20 ms for the step after a burst of 1,000
+    (issue 46's goals; the "own added" column is the one docs/results.md reports).
     It also holds the difference in vLLM's own work: a policy that starts more requests per step
     (hits with short uncached suffixes) makes vLLM do more admissions per step, each with vLLM's
     own prefix lookup and block allocation. "vLLM per start" (vLLM's part of an admitting step /
@@ -761,9 +762,9 @@ def run_size(offline: Any, n: int, args: argparse.Namespace) -> list[ArmResult]:
 #: The goals: bounds on the time an arm adds to vLLM's step (ms; "added": the arm's median minus
 #: vLLM's median of the same kind and size in the same run), by (waiting, step kind).
 GOALS_MS = {
-    **{(1_000, kind): 0.5 for kind in STEADY_KINDS},
-    **{(10_000, kind): 2.0 for kind in STEADY_KINDS},
-    (1_000, "burst"): 10.0,
+    **{(1_000, kind): 1.0 for kind in STEADY_KINDS},
+    **{(10_000, kind): 5.0 for kind in STEADY_KINDS},
+    (1_000, "burst"): 20.0,
 }
 
 

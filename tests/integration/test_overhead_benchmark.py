@@ -80,20 +80,20 @@ def test_the_prefilling_kind_keeps_chunked_prefills_running_on_64_slots():
 
 
 def test_the_goal_is_judged_on_the_added_median():
-    """Added = the arm's median minus vLLM's of the same kind, size and run: 0.5 ms at 1,000
-    waiting in every kind that orders a queue, 2 ms at 10,000, 10 ms after a burst of 1,000."""
+    """Added = the arm's median minus vLLM's of the same kind, size and run: 1 ms at 1,000
+    waiting in every kind that orders a queue, 5 ms at 10,000, 20 ms after a burst of 1,000."""
     bench = _load()
     vllm = bench.ArmResult("vllm", "prefilling", 1_000, median_ms=1.0, p90_ms=1.0)
     row = bench.ArmResult("fairway", "prefilling", 1_000, median_ms=1.5, p90_ms=9.0,
                           own_median_ms=0.9)
     assert bench.added_ms(row, vllm) == 0.5 and bench.goal_met(row, vllm) == "yes"
-    row.median_ms = 1.6
+    row.median_ms = 2.1
     assert bench.goal_met(row, vllm) == "no"
     row.own_median_ms = 0.1  # Fairway's own time alone does not decide it
     assert bench.goal_met(row, vllm) == "no"
     assert bench.goal_met(row, None) == "-"  # no vLLM row to pair with
     assert {kind for (size, kind) in bench.GOALS_MS if size == 10_000} == set(bench.STEADY_KINDS)
-    assert bench.GOALS_MS[(10_000, "full")] == 2.0 and bench.GOALS_MS[(1_000, "burst")] == 10.0
+    assert bench.GOALS_MS[(10_000, "full")] == 5.0 and bench.GOALS_MS[(1_000, "burst")] == 20.0
     burst = bench.ArmResult("fairway", "burst", 10_000, 1.0, 1.0)
     assert bench.goal_met(burst, bench.ArmResult("vllm", "burst", 10_000, 1.0, 1.0)) == "-"
     assert bench.goal_met(vllm, vllm) == "-"
@@ -106,16 +106,16 @@ def test_the_own_added_median_is_paired_with_vllms_glue_and_judged_apart():
     the one and meet the other."""
     bench = _load()
     vllm = bench.ArmResult("vllm", "burst", 1_000, median_ms=6.0, p90_ms=6.5, own_median_ms=1.0)
-    row = bench.ArmResult("fairway", "burst", 1_000, median_ms=18.0, p90_ms=19.0,
+    row = bench.ArmResult("fairway", "burst", 1_000, median_ms=28.0, p90_ms=29.0,
                           own_median_ms=9.5)
-    assert bench.added_ms(row, vllm) == 12.0 and bench.goal_met(row, vllm) == "no"
+    assert bench.added_ms(row, vllm) == 22.0 and bench.goal_met(row, vllm) == "no"
     assert bench.own_added_ms(row, vllm) == 8.5 and bench.own_goal_met(row, vllm) == "yes"
-    row.own_median_ms = 11.5
+    row.own_median_ms = 21.5
     assert bench.own_goal_met(row, vllm) == "no"
     assert bench.own_added_ms(vllm, vllm) is None and bench.own_goal_met(vllm, vllm) == "-"
     assert bench.own_goal_met(row, None) == "-"
     table = bench.markdown([vllm, row])
-    assert "| 1,000 | burst | Fairway (fairway) | 18.000 | 19.000 | +12.000 | no | +10.500 | no |" \
+    assert "| 1,000 | burst | Fairway (fairway) | 28.000 | 29.000 | +22.000 | no | +20.500 | no |" \
         in table
 
 
@@ -125,18 +125,18 @@ def test_the_same_work_added_pairs_steps_that_started_and_finished_as_many():
     (its share reported); the step totals alone decide it, not the counter's split."""
     bench = _load()
     m = bench.SAME_WORK_MIN
-    # vLLM: idle steps 0.3 ms, one start and one finish 1.3 ms; the arm: 0.7 and 1.9 ms, plus
+    # vLLM: idle steps 0.3 ms, one start and one finish 1.3 ms; the arm: 1.3 and 2.5 ms, plus
     # steps of two starts vLLM never made (unpaired)
     base_ms = [0.3] * (2 * m) + [1.3] * m
     base_work = [(0, 0)] * (2 * m) + [(1, 1)] * m
-    arm_ms = [0.7] * m + [1.9] * (2 * m) + [2.9] * m
+    arm_ms = [1.3] * m + [2.5] * (2 * m) + [3.5] * m
     arm_work = [(0, 0)] * m + [(1, 1)] * (2 * m) + [(2, 2)] * m
     added, share = bench.same_work_added(arm_ms, arm_work, base_ms, base_work)
-    assert added == pytest.approx((0.4 * m + 0.6 * 2 * m) / (3 * m)) and share == 0.75
+    assert added == pytest.approx((1.0 * m + 1.2 * 2 * m) / (3 * m)) and share == 0.75
     # the plain added median pairs a step that starts one with vLLM's idle median step
     vllm = bench.ArmResult("vllm", "prefilling", 1_000, median_ms=0.3, p90_ms=1.3,
                            samples_ms=base_ms, samples_work=base_work)
-    row = bench.ArmResult("fairway", "prefilling", 1_000, median_ms=1.9, p90_ms=2.9,
+    row = bench.ArmResult("fairway", "prefilling", 1_000, median_ms=2.5, p90_ms=3.5,
                           own_median_ms=0.45, samples_ms=arm_ms, samples_work=arm_work)
     assert bench.goal_met(row, vllm) == "no" and bench.same_work_goal_met(row, vllm) == "no"
     row.samples_ms = [0.7] * m + [1.7] * (2 * m) + [2.9] * m  # 0.4 ms more for the same work
