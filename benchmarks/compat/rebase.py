@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 #: The vLLM files Fairway reads (paths inside the wheel), whose upstream changes a rebase must
 #: review: every module `fairway/` imports from vLLM, and the modules of the classes whose
-#: internals `fairway/vllm/internals.py` touches (`# vLLM internal:` tags). Modules Fairway imports
+#: internals `fairway/vllm/internals/` touches (`# vLLM internal:` tags). Modules Fairway imports
 #: that are left out are in `NOT_DIFFED`, with the reason; `tests/unit/test_rebase.py` checks that
 #: every `from vllm... import` / `import vllm...` in `fairway/` is covered by one of the two.
 FAIRWAY_READS: tuple[str, ...] = (

@@ -297,7 +297,7 @@ class StepPrepass:
         """Count the step's prefill tokens per tenant label and, with the metrics on, the waiting
         requests per label (tenants configured only). Never raises."""
         try:
-            requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
+            requests = internals.requests_by_id(self.scheduler)
             if by_request is None:
                 by_request = internals.prefill_by_request(self.scheduler, output)
             tokens = self.stats.tenant_prefill_tokens
@@ -386,7 +386,7 @@ class StepPrepass:
         try:
             started = internals.started_ids(output)
             if started:  # they left the waiting queue
-                requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
+                requests = internals.requests_by_id(self.scheduler)
                 leaving = [requests[rid] for rid in started if rid in requests]
                 if self.probe.tier is not None:
                     stats.tier_admitted_tokens += self.probe.tier_tokens_of(leaving)
@@ -445,7 +445,7 @@ class StepPrepass:
 
     def trim(self) -> None:
         """Forget rejected ids of requests that are gone (the probe drops its own entries)."""
-        requests = self.scheduler.requests  # vLLM internal: Scheduler.requests
+        requests = internals.requests_by_id(self.scheduler)
         if self.error_reasons:  # aborted before vLLM finished it: no error output comes
             self.error_reasons = {r: why for r, why in self.error_reasons.items() if r in requests}
         if len(self.rejected) <= 64:

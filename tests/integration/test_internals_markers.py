@@ -95,11 +95,6 @@ def _marked() -> dict[str, list[str]]:
     return names
 
 
-#: Files outside the door that still tag a vLLM internal, each to move into it (issue 46: the
-#: step pre-pass switches to `internals.requests_by_id`). Drop an entry when its file moves.
-MOVING = {"vllm/prepass.py"}
-
-
 def test_every_vllm_internal_is_read_through_the_door():
     """No module of `fairway/` outside `fairway.vllm.internals` tags (so reads or writes) a vLLM
     internal: the package is the one door."""
@@ -112,8 +107,7 @@ def test_every_vllm_internal_is_read_through_the_door():
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"# vLLM internals?:", line):
                 outside.setdefault(path.relative_to(package).as_posix(), []).append(i)
-    assert {f: lines for f, lines in outside.items() if f not in MOVING} == {}
-    assert sorted(MOVING - set(outside)) == []  # moved: drop it from MOVING
+    assert outside == {}
 
 
 def test_check_lists_hold_only_marked_names():

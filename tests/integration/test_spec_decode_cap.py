@@ -36,7 +36,9 @@ def spec_offline(offline, monkeypatch):
         )
         return VllmConfig(**kwargs)
 
-    monkeypatch.setattr(offline, "VllmConfig", with_spec)
+    from fairway.vllm import offline_vllm
+
+    monkeypatch.setattr(offline_vllm, "VllmConfig", with_spec)
     return offline
 
 
