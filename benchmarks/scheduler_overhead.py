@@ -474,7 +474,7 @@ class Workload:
             offload_worker.check_tier_blocks(sched, self.tier_blocks)
             sched.tier_worker = TierWorker()
             if policy != "vllm" and "blind" not in flags:
-                tier = sched.fairway_probe.tier
+                tier = sched.fairway_mirror.tier
                 assert tier is not None, "Fairway could not read the offload tier"
                 sched.tier_recorder = TierRecorder(tier)
         for seed in self.seeds:  # warm the cache
@@ -528,7 +528,7 @@ def _timed_add(offline: Any, sched: Any, requests: list[Any]) -> tuple[float, fl
 
 def _unprobed(sched: Any) -> int:
     """Waiting requests Fairway has not looked up yet (0 for vLLM's own scheduler)."""
-    memo = getattr(sched, "fairway_probe", None)
+    memo = getattr(sched, "fairway_mirror", None)
     return getattr(memo, "num_unprobed", 0) if memo is not None else 0
 
 

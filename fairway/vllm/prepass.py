@@ -2,7 +2,7 @@
 
 `FairwaySchedulerMixin` (fairway.vllm.scheduler) keeps only vLLM's hooks it overrides
 (`add_request`, `schedule`, `update_from_output`); everything it does around vLLM's own step lives
-in one `StepPrepass` object it owns: the policy, the prefix probe, the step's plan, the stats. Every
+in one `StepPrepass` object it owns: the policy, the queue mirror, the step's plan, the stats. Every
 method that runs inside the engine's step catches what goes wrong, counts it and keeps vLLM's own
 behaviour for that step: the ordering can never stop the engine.
 """
@@ -32,7 +32,7 @@ from fairway.policies.queue import (
 )
 from fairway.vllm import internals, protect, step_plan
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats, TenantLabels
-from fairway.vllm.probe import PrefixProbe
+from fairway.vllm.queue_mirror import QueueMirror
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.request_queue import RequestQueue
@@ -77,7 +77,8 @@ class StepPrepass:
     Attributes (read by the scheduler's public properties, tests, the replay and benchmarks):
         options / policy: the resolved `FairwayOptions` and the policy object (it may keep
             state across steps).
-        probe: the incremental `PrefixProbe` (it also keeps the queue's numpy columns).
+        mirror: the `QueueMirror`, Fairway's copy of the waiting queue with each request's
+            cached prefix (numpy columns, the incremental prefix memo, the tier probe).
         stats / totals: `FairwayStats` of the step in progress and since construction.
         metrics: the Prometheus series (None when the engine logs no stats).
         plans: whether the policy's step plans are applied (`plans_steps` and chunked prefill).
@@ -96,7 +97,7 @@ class StepPrepass:
         scheduler: Scheduler,
         options: FairwayOptions,
         policy: Policy,
-        probe: PrefixProbe,
+        mirror: QueueMirror,
         metrics: FairwayMetrics | None,
         plans: bool,
         top_k: int,
@@ -107,8 +108,8 @@ class StepPrepass:
         self.clock = clock
         self.options = options
         self.policy = policy
-        self.probe = probe
-        probe.slots.read_plain = type(policy).reads_plain
+        self.mirror = mirror
+        mirror.slots.read_plain = type(policy).reads_plain
         self.metrics = metrics
         self.plans = plans
         self.top_k = top_k
@@ -128,7 +129,7 @@ class StepPrepass:
         #: Weight by tenant code (`Step.tenant_weights`).
         self.tenant_weights = options.tenant_table.code_weights
         tenants = options.tenant_table
-        if probe.tier is not None and metrics is not None:
+        if mirror.tier is not None and metrics is not None:
             metrics.enable_tier()
         self.tenant_labels: TenantLabels | None = None
         if tenants.enabled:
@@ -142,7 +143,7 @@ class StepPrepass:
         """Re-sort vLLM's waiting queue; on any failure leave it as it is. Never raises.
 
         When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
-        the queue keeps its last order and only the probe advances (new arrivals within its
+        the queue keeps its last order and only the mirror advances (new arrivals within its
         budget, changed hits). For a policy that plans steps only when no running request is
         in prefill either (its plan also caps the running prefills): nothing is contested, and
         the policy is told so (`step_without_prefill`).
@@ -180,20 +181,20 @@ class StepPrepass:
         return placed
 
     def skip(self, queue: RequestQueue) -> None:
-        """A step without ordering: the probe advances (new arrivals within its budget, changed
+        """A step without ordering: the mirror advances (new arrivals within its budget, changed
         hits); memos of requests that left without being admitted are dropped."""
-        memo = self.probe
-        if len(memo) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
-            memo.snapshot(list(queue))
+        mirror = self.mirror
+        if len(mirror) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
+            mirror.snapshot(list(queue))
         if queue:
-            memo.advance()
+            mirror.advance()
             self.steps_skipped += 1
-            oldest = memo.oldest_arrival()
+            oldest = mirror.oldest_arrival()
             self.stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
 
     def order_queue(self, current: list[Request]) -> Placed:
         """The new queue order (a permutation of `current`), or an exception."""
-        snap = self.probe.snapshot(current)
+        snap = self.mirror.snapshot(current)
         cols = snap.columns
         assert cols is not None
         n = len(cols)
@@ -205,8 +206,8 @@ class StepPrepass:
                 f"policy {self.options.policy!r} did not return a permutation of "
                 f"range({n}): {exc}"
             ) from None
-        self.probe.mark_given(cols)
-        queue, front = self.probe.arrange(snap, order, moved)
+        self.mirror.mark_given(cols)
+        queue, front = self.mirror.arrange(snap, order, moved)
         for request in snap.oversized:
             self.reject(request)
         lanes = ordering.lanes
@@ -215,7 +216,7 @@ class StepPrepass:
         self.last = LastOrder(cols, order, ordering)
         stats = self.stats
         stats.steps_ordered += 1
-        tier = self.probe.tier
+        tier = self.mirror.tier
         if tier is not None:
             stats.tier_waiting_tokens, stats.tier_deferred = tier.last_tokens, tier.last_deferred
         if n:
@@ -242,9 +243,9 @@ class StepPrepass:
             step = Step(now, head, tenant_weights=weights, kv_usage=usage, num_ahead=num_ahead)
             return by_level(self.policy.ordering(waiting, step), waiting)
         prefilling, decode_tokens = internals.running_prefills(
-            self.scheduler, self.probe.slots.classify
+            self.scheduler, self.mirror.slots.classify
         )
-        firsts = [(r.request_id, r.num_tokens - self.probe.cached_tokens(r)) for r in ahead]
+        firsts = [(r.request_id, r.num_tokens - self.mirror.cached_tokens(r)) for r in ahead]
         free = internals.free_slots(self.scheduler)
         head = internals.scan_bound(self.scheduler, free) if self.head_only else None
         budget = step_plan.step_budget(self.scheduler, decode_tokens, firsts, free)
@@ -321,7 +322,7 @@ class StepPrepass:
             return
         self.rejected.add(request_id)
         self.stats.oversized_rejected += 1
-        block_size, usable = self.probe.block_size, internals.usable_blocks(self.scheduler)
+        block_size, usable = self.mirror.block_size, internals.usable_blocks(self.scheduler)
         protect.log_oversized(request_id, num_tokens, block_size, usable)
         reason = (
             f"Fairway: the request needs {protect.blocks_needed(num_tokens, block_size)} KV "
@@ -346,7 +347,7 @@ class StepPrepass:
     def protect_blocks(self, queue: list[Request]) -> None:
         """Soft eviction protection of the first K requests' cached blocks. Never raises."""
         try:
-            hit_blocks = self.probe.hit_blocks
+            hit_blocks = self.mirror.hit_blocks
             chains = (hit_blocks(r) for r in queue[: self.top_k])
             free_queue = internals.free_block_queue(self.scheduler)
             self.stats.protected_blocks += protect.protect_hit_blocks(free_queue, chains)
@@ -388,9 +389,9 @@ class StepPrepass:
             if started:  # they left the waiting queue
                 requests = internals.requests_by_id(self.scheduler)
                 leaving = [requests[rid] for rid in started if rid in requests]
-                if self.probe.tier is not None:
-                    stats.tier_admitted_tokens += self.probe.tier_tokens_of(leaving)
-                self.probe.forget(leaving)
+                if self.mirror.tier is not None:
+                    stats.tier_admitted_tokens += self.mirror.tier_tokens_of(leaving)
+                self.mirror.forget(leaving)
             admitted: list[Request] = []
             if self.ran:
                 stats.prepass_s.append(prepass_s)
@@ -444,7 +445,7 @@ class StepPrepass:
         return admitted
 
     def trim(self) -> None:
-        """Forget rejected ids of requests that are gone (the probe drops its own entries)."""
+        """Forget rejected ids of requests that are gone (the mirror drops its own entries)."""
         requests = internals.requests_by_id(self.scheduler)
         if self.error_reasons:  # aborted before vLLM finished it: no error output comes
             self.error_reasons = {r: why for r, why in self.error_reasons.items() if r in requests}

@@ -40,7 +40,7 @@ def protect_hit_blocks(
 
     Args:
         free_queue: vLLM's `BlockPool.free_block_queue`.
-        chains: per request, the cached hit blocks in prefix order (`PrefixProbe.hit_blocks`).
+        chains: per request, the cached hit blocks in prefix order (`QueueMirror.hit_blocks`).
 
     Returns:
         The number of blocks moved (0 when the MRU end already has this exact order).

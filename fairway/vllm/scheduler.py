@@ -38,7 +38,7 @@ from fairway.tenants import TenantTable
 from fairway.vllm import internals, observe, plugin
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 from fairway.vllm.prepass import StepPrepass
-from fairway.vllm.probe import PrefixProbe
+from fairway.vllm.queue_mirror import QueueMirror
 from fairway.vllm.tier_probe import TierProbe, tier_weight
 
 logger = init_logger(__name__)
@@ -60,8 +60,8 @@ class FairwaySchedulerMixin(_SchedulerBase):
     The work around each step is the `StepPrepass` the scheduler owns (`fairway_prepass`).
 
     Attributes (public, read by tests, the replay and the benchmark):
-        fairway_prepass: the per-step pre-pass (policy, probe, plan, stats).
-        fairway_options / fairway_policy / fairway_probe / fairway_stats / fairway_totals /
+        fairway_prepass: the per-step pre-pass (policy, queue mirror, plan, stats).
+        fairway_options / fairway_policy / fairway_mirror / fairway_stats / fairway_totals /
             fairway_metrics / fairway_steps_skipped / fairway_last_plan: the pre-pass's.
         fairway_last_views / fairway_last_order / fairway_last_ordering: the policy's input and
             output at the last ordered step (views of the orderable requests, built when read;
@@ -100,7 +100,7 @@ class FairwaySchedulerMixin(_SchedulerBase):
             self,
             options,
             policy,
-            PrefixProbe(
+            QueueMirror(
                 manager,
                 caching=bool(self.cache_config.enable_prefix_caching),
                 max_tokens=internals.usable_blocks(self) * internals.block_size_of(manager),
@@ -146,8 +146,8 @@ class FairwaySchedulerMixin(_SchedulerBase):
         return self.fairway_prepass.policy
 
     @property
-    def fairway_probe(self) -> PrefixProbe:
-        return self.fairway_prepass.probe
+    def fairway_mirror(self) -> QueueMirror:
+        return self.fairway_prepass.mirror
 
     @property
     def fairway_stats(self) -> FairwayStats:
@@ -203,15 +203,15 @@ class FairwaySchedulerMixin(_SchedulerBase):
     # --- vLLM's hooks ----------------------------------------------------------------------------
 
     def add_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's unchanged; the probe registers the new request (a streaming update of a known
+        """vLLM's unchanged; the mirror registers the new request (a streaming update of a known
         request drops its memo: its tokens change)."""
         existing = internals.requests_by_id(self).get(request.request_id)
         result = super().add_request(request, *args, **kwargs)
         try:
             if existing is not None:
-                self.fairway_probe.invalidate(existing)
+                self.fairway_mirror.invalidate(existing)
             else:
-                self.fairway_probe.note_arrival(request)
+                self.fairway_mirror.note_arrival(request)
         except Exception as exc:  # noqa: BLE001
             self.fairway_fallback(exc, "registering a new request", "it is probed later")
         return result
@@ -428,7 +428,7 @@ def _log_start(
         options.policy,
         options.describe(),
         dict(options.sources) or "defaults",
-        scheduler.fairway_probe.incremental,
+        scheduler.fairway_mirror.incremental,
     )
     params = policy.params()
     if "profile" in params and params["profile"] is None:

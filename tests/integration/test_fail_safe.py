@@ -34,7 +34,7 @@ def test_failures_fall_back_to_vllm_order(offline, helpers, caplog, inject):
     if inject == "policy_raises":
         sched.fairway_policy.order = _boom
     elif inject == "probe_raises":
-        sched.fairway_probe.snapshot = _boom
+        sched.fairway_mirror.snapshot = _boom
     elif inject == "not_a_permutation":
         sched.fairway_policy.order = lambda queue, now: list(range(len(queue) - 1))
     elif inject == "duplicate_index":
@@ -114,10 +114,10 @@ def test_memo_of_aborted_requests_is_trimmed(offline, helpers):
     for i in range(150):
         sched.add_request(offline.make_request(f"a{i}", helpers.tokens(100 * i, 40), float(i)))
     offline.step(sched)
-    assert len(sched.fairway_probe) >= 149
+    assert len(sched.fairway_mirror) >= 149
     sched.finish_requests([f"a{i}" for i in range(1, 150)], RequestStatus.FINISHED_ABORTED)
     offline.step(sched)
-    assert len(sched.fairway_probe) <= 64
+    assert len(sched.fairway_mirror) <= 64
 
 
 @pytest.mark.parametrize("reorder_preempted", [False, True])

@@ -110,7 +110,7 @@ def test_worked_example_order_holds_under_the_connector(offline, helpers) -> Non
         sched.add_request(_remote_decode_request(offline, f"H{i}", prompt, T0 + 1 + 0.001 * i))
     sched.fairway_clock = lambda: T0 + 1.01
     # ... and still count as cached prefix for the hits.
-    assert sched.fairway_probe.fresh_cached_tokens(sched.requests["H1"]) == 6_000
+    assert sched.fairway_mirror.fresh_cached_tokens(sched.requests["H1"]) == 6_000
 
     out, outputs = offline.step(sched)
 

@@ -18,21 +18,21 @@ BS = 16
 
 def _lookups(sched, request) -> tuple[int, int, int]:
     """(incremental probe, fresh coordinator lookup, vLLM's get_computed_blocks) in tokens."""
-    probe = sched.fairway_probe
-    incremental = probe.cached_tokens(request)
-    fresh = probe.fresh_cached_tokens(request)
+    mirror = sched.fairway_mirror
+    incremental = mirror.cached_tokens(request)
+    fresh = mirror.fresh_cached_tokens(request)
     _, computed, *_ = sched.kv_cache_manager.get_computed_blocks(request)
     return incremental, fresh, computed
 
 
-def _assert_indexes_match_the_memos(probe) -> None:
+def _assert_indexes_match_the_memos(mirror) -> None:
     """Every live memo sits in the growth / eviction index under exactly its own keys."""
-    for name, index in (("next_key", probe.memo.by_next), ("last_key", probe.memo.by_last)):
+    for name, index in (("next_key", mirror.memo.by_next), ("last_key", mirror.memo.by_last)):
         listed = {(id(hit), key) for key, hits in index.items() for hit in hits}
         assert all(hits for hits in index.values()), name  # no empty sets left behind
         own = {
             (id(hit), getattr(hit, name))
-            for hit in probe.memo.hits
+            for hit in mirror.memo.hits
             if hit is not None and getattr(hit, name) is not None
         }
         assert listed == own, name
@@ -54,9 +54,9 @@ def test_hit_grows_while_the_prefix_is_prefilled(offline, helpers):
         seen.append(incremental)
         offline.step(sched)
     assert seen == [0, 64, 128, 192, 256, 320]  # 4 blocks cached per 64-token chunk
-    assert sched.fairway_probe.hit_blocks(w) == []  # memo dropped at admission
-    assert len(sched.fairway_probe) == 0
-    assert sched.fairway_probe.num_full_lookups == 2  # S and W once each; the rest incremental
+    assert sched.fairway_mirror.hit_blocks(w) == []  # memo dropped at admission
+    assert len(sched.fairway_mirror) == 0
+    assert sched.fairway_mirror.num_full_lookups == 2  # S and W once each; the rest incremental
 
 
 def _evicting_node(offline, helpers):
@@ -87,7 +87,7 @@ def test_hit_shrinks_as_the_prefix_is_evicted(offline, helpers):
         helpers.check_queues(sched)
     assert history[0] == 320 and len(history) >= 10  # shrank block by block
     assert history == sorted(history, reverse=True)
-    assert sched.fairway_probe.num_full_lookups >= 10  # every eviction forced a re-lookup
+    assert sched.fairway_mirror.num_full_lookups >= 10  # every eviction forced a re-lookup
 
 
 def _random_workload(offline, helpers, policy, seed):
@@ -119,7 +119,7 @@ def test_incremental_equals_fresh_on_a_random_workload(offline, helpers):
             grew += previous is not None and incremental > previous
             shrank += previous is not None and incremental < previous
             last[request.request_id] = incremental
-        _assert_indexes_match_the_memos(sched.fairway_probe)
+        _assert_indexes_match_the_memos(sched.fairway_mirror)
     assert grew and shrank, (grew, shrank)  # both kinds of change were exercised
 
 
@@ -150,10 +150,10 @@ def test_probing_changes_nothing_in_vllm(offline, helpers):
         )
 
     before = state()
-    probe = sched.fairway_probe
-    hits = [probe.cached_tokens(r) for r in waiting]  # full lookups (first time)
-    hits2 = [probe.cached_tokens(r) for r in waiting]  # incremental
-    fresh = [probe.fresh_cached_tokens(r) for r in waiting]
+    mirror = sched.fairway_mirror
+    hits = [mirror.cached_tokens(r) for r in waiting]  # full lookups (first time)
+    hits2 = [mirror.cached_tokens(r) for r in waiting]  # incremental
+    fresh = [mirror.fresh_cached_tokens(r) for r in waiting]
     assert hits == hits2 == fresh == [16 * (i + 5) for i in range(10)]
     assert state() == before
 
@@ -164,13 +164,13 @@ def test_probe_is_capped_at_num_tokens_minus_one(offline, helpers):
     sched.add_request(offline.make_request("A", prompt, 1.0))
     offline.run_until_idle(sched)
     again = offline.make_request("B", prompt, 2.0)
-    assert sched.fairway_probe.cached_tokens(again) == 48  # 3 blocks: the last token recomputed
-    assert sched.fairway_probe.fresh_cached_tokens(again) == 48
+    assert sched.fairway_mirror.cached_tokens(again) == 48  # 3 blocks: the last token recomputed
+    assert sched.fairway_mirror.fresh_cached_tokens(again) == 48
 
 
 def _columns_hits(sched) -> dict[str, int]:
     """request id -> h as the policy sees it now (the batch path: snapshot's columns)."""
-    snap = sched.fairway_probe.snapshot(list(sched.waiting))
+    snap = sched.fairway_mirror.snapshot(list(sched.waiting))
     return dict(zip(snap.columns.request_ids, snap.columns.cached_tokens.tolist(), strict=True))
 
 
@@ -178,10 +178,10 @@ def test_batch_checks_equal_fresh_lookups_on_a_random_workload(offline, helpers)
     """The whole-queue set checks (growth, eviction) against vLLM's own lookup, every step."""
     added = 0
     for sched, added in _random_workload(offline, helpers, "lpm", seed=11):  # noqa: B007
-        probe = sched.fairway_probe
+        mirror = sched.fairway_mirror
         for request_id, hit in _columns_hits(sched).items():
-            assert hit == probe.fresh_cached_tokens(sched.requests[request_id]), request_id
-    assert probe.num_extensions and probe.num_full_lookups > added  # grew, and re-looked-up
+            assert hit == mirror.fresh_cached_tokens(sched.requests[request_id]), request_id
+    assert mirror.num_extensions and mirror.num_full_lookups > added  # grew, and re-looked-up
 
 
 def _full_node(offline, helpers, policy="lpm", num_waiting=10):
@@ -253,17 +253,17 @@ def test_a_burst_is_probed_oldest_first_within_the_budget(offline, helpers):
     """Rule: at most `probe_budget` new requests are looked up per step, oldest first; one not
     looked up yet counts as a miss (h = 0). The order is exact after ceil(burst / budget) steps."""
     sched, waiting = _full_node(offline, helpers)
-    probe = sched.fairway_probe
-    probe.memo.probe_budget = 3
-    assert probe.num_unprobed == 10
+    mirror = sched.fairway_mirror
+    mirror.memo.probe_budget = 3
+    assert mirror.num_unprobed == 10
     for step_no in range(1, 5):
         offline.step(sched)  # no slot free: the ordering is skipped, the probe advances
-        assert probe.num_unprobed == max(10 - 3 * step_no, 0)
+        assert mirror.num_unprobed == max(10 - 3 * step_no, 0)
         for i, request in enumerate(waiting):
-            exact = probe.fresh_cached_tokens(request)
+            exact = mirror.fresh_cached_tokens(request)
             assert exact == 16 * (i + 1)
             probed = i < 3 * step_no  # arrival time i: oldest first
-            assert probe.known_cached_tokens(request) == (exact if probed else None)
+            assert mirror.known_cached_tokens(request) == (exact if probed else None)
     assert sched.fairway_steps_skipped == 4
 
 
@@ -285,7 +285,7 @@ def test_the_first_ordered_step_after_a_burst_is_exact_within_budget(offline, he
         f"W{i}" for i in range(7, -1, -1)
     ]
     for view in [v for v in views if v.request_id != "W7"]:  # W7 computed blocks since
-        fresh = sched.fairway_probe.fresh_cached_tokens(sched.requests[view.request_id])
+        fresh = sched.fairway_mirror.fresh_cached_tokens(sched.requests[view.request_id])
         assert view.cached_tokens == fresh
 
 
@@ -310,9 +310,9 @@ def test_reset_prefix_cache_forgets_every_hit(offline, helpers):
     sched.add_request(offline.make_request("P", prefix, 0.0))
     offline.run_until_idle(sched)
     w = offline.make_request("W", prefix + helpers.tokens(5_000, 20), 1.0)
-    assert sched.fairway_probe.cached_tokens(w) == 160
+    assert sched.fairway_mirror.cached_tokens(w) == 160
     assert sched.kv_cache_manager.reset_prefix_cache()
-    assert sched.fairway_probe.cached_tokens(w) == 0 == sched.fairway_probe.fresh_cached_tokens(w)
+    assert sched.fairway_mirror.cached_tokens(w) == 0 == sched.fairway_mirror.fresh_cached_tokens(w)
 
 
 def _waiting_on_a_cached_prefix(offline, helpers):
@@ -327,9 +327,9 @@ def _waiting_on_a_cached_prefix(offline, helpers):
     offline.run_until_idle(sched)
     w = offline.make_request("W", prefix + helpers.tokens(5_000, 160), 1.0)
     sched.add_request(w)
-    probe = sched.fairway_probe
-    probe.snapshot(list(sched.waiting))
-    assert probe.known_cached_tokens(w) == 320
+    mirror = sched.fairway_mirror
+    mirror.snapshot(list(sched.waiting))
+    assert mirror.known_cached_tokens(w) == 320
     cache = sched.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
     return sched, w, cache, make_block_hash_with_group_id(w.block_hashes[20], 0)
 
@@ -351,27 +351,27 @@ def _put_back(cache, key) -> None:
 
 def test_growth_is_found_by_walking_the_newly_cached_keys(offline, helpers):
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
-    probe = sched.fairway_probe
-    probe.memo.growth.since_full_check = 0
+    mirror = sched.fairway_mirror
+    mirror.memo.growth.since_full_check = 0
     _cache_fake_block(sched, cache, key)
-    probe.snapshot(list(sched.waiting))
-    assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
-    assert probe.memo.growth.since_full_check == 1  # found by the walk, not by the full check
+    mirror.snapshot(list(sched.waiting))
+    assert mirror.known_cached_tokens(w) == 336 == mirror.fresh_cached_tokens(w)
+    assert mirror.memo.growth.since_full_check == 1  # found by the walk, not by the full check
 
 
 def test_a_newest_key_put_back_at_the_end_forces_the_full_check(offline, helpers):
     """The walk meets the remembered newest key first, but the key behind it is not the one
     remembered: a key was cached before the put-back, so every next key is checked."""
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
-    probe = sched.fairway_probe
-    probe.memo.growth.since_full_check = 5
-    newest = probe.memo.growth.newest[0]
+    mirror = sched.fairway_mirror
+    mirror.memo.growth.since_full_check = 5
+    newest = mirror.memo.growth.newest[0]
     _cache_fake_block(sched, cache, key)
     _put_back(cache, newest)
     assert next(reversed(cache)) is newest
-    probe.snapshot(list(sched.waiting))
-    assert probe.known_cached_tokens(w) == 336 == probe.fresh_cached_tokens(w)
-    assert probe.memo.growth.since_full_check == 1  # the full check ran (reset to 0) this step
+    mirror.snapshot(list(sched.waiting))
+    assert mirror.known_cached_tokens(w) == 336 == mirror.fresh_cached_tokens(w)
+    assert mirror.memo.growth.since_full_check == 1  # the full check ran (reset to 0) this step
 
 
 def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(offline, helpers):
@@ -381,17 +381,17 @@ def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(off
     from fairway.vllm.cache_growth import FULL_CHECK_EVERY
 
     sched, w, cache, key = _waiting_on_a_cached_prefix(offline, helpers)
-    probe = sched.fairway_probe
-    probe.memo.growth.since_full_check = 0
-    newest, _, second = probe.memo.growth.newest
+    mirror = sched.fairway_mirror
+    mirror.memo.growth.since_full_check = 0
+    newest, _, second = mirror.memo.growth.newest
     _cache_fake_block(sched, cache, key)
     _put_back(cache, second)
     _put_back(cache, newest)
     seen = []
     for _ in range(FULL_CHECK_EVERY + 1):
-        probe.snapshot(list(sched.waiting))
-        seen.append(probe.known_cached_tokens(w))
-    assert probe.fresh_cached_tokens(w) == 336
+        mirror.snapshot(list(sched.waiting))
+        seen.append(mirror.known_cached_tokens(w))
+    assert mirror.fresh_cached_tokens(w) == 336
     assert seen[0] == 320  # hidden from the walk
     assert seen[-1] == 336 and 0 < seen.index(336) <= FULL_CHECK_EVERY
 
@@ -426,12 +426,12 @@ def test_a_long_growth_in_one_step_ends_where_the_chain_ends(offline, helpers, s
     )
     sched.add_request(s)
     sched.add_request(w)
-    probe = sched.fairway_probe
+    mirror = sched.fairway_mirror
     offline.step(sched)  # S (older) takes the only slot and computes its whole prompt
-    before = probe.num_extensions
+    before = mirror.num_extensions
     offline.step(sched)  # S decodes; the pre-pass sees W's next block cached: one extension
     assert "W" in helpers.queue_ids(sched)
-    assert probe.num_extensions == before + 1
+    assert mirror.num_extensions == before + 1
     assert _lookups(sched, sched.requests["W"]) == (16 * shared_blocks,) * 3
 
 
@@ -472,7 +472,7 @@ def test_a_new_request_is_looked_up_from_the_hit_of_its_first_block(offline, hel
     prefix = helpers.tokens(1, 640)  # 40 blocks
     sched.add_request(offline.make_request("P", prefix[:320], 1.0))  # caches 20 blocks
     offline.run_until_idle(sched)
-    probe = sched.fairway_probe
+    mirror = sched.fairway_mirror
     cases = [("A", prefix[:320] + helpers.tokens(7_000, 40), 320), ("B", prefix[:128] +
              helpers.tokens(8_000, 40), 128), ("C", prefix[:320] + helpers.tokens(9_000, 16), 320)]
     for name, prompt, expected in cases:
@@ -480,7 +480,7 @@ def test_a_new_request_is_looked_up_from_the_hit_of_its_first_block(offline, hel
         sched.add_request(request)
         assert _lookups(sched, request) == (expected,) * 3, name
     # the hint is keyed by the first block and holds the last hit found (C's)
-    assert probe.memo.hints[sched.requests["C"].block_hashes[0]] == 20
+    assert mirror.memo.hints[sched.requests["C"].block_hashes[0]] == 20
 
 
 def test_requests_on_one_evicted_chain_are_looked_up_once(offline, helpers):
@@ -492,22 +492,22 @@ def test_requests_on_one_evicted_chain_are_looked_up_once(offline, helpers):
     for k, name in enumerate(names):
         prompt = prefix + helpers.tokens(5_000 + 100 * k, 40)
         sched.add_request(offline.make_request(name, prompt, 3.0 + k))
-    probe = sched.fairway_probe
+    mirror = sched.fairway_mirror
     offline.step(sched)  # the three are probed (looked up once each)
     shrinks = 0
     for _ in range(260):
-        before = [probe.known_cached_tokens(sched.requests[n]) for n in names]
+        before = [mirror.known_cached_tokens(sched.requests[n]) for n in names]
         offline.step(sched)
-        lookups = probe.num_full_lookups
-        probe.advance()  # what the next step's pre-pass does first
-        after = [probe.known_cached_tokens(sched.requests[n]) for n in names]
+        lookups = mirror.num_full_lookups
+        mirror.advance()  # what the next step's pre-pass does first
+        after = [mirror.known_cached_tokens(sched.requests[n]) for n in names]
         for name, hit in zip(names, after, strict=True):
-            assert hit == probe.fresh_cached_tokens(sched.requests[name]), name
+            assert hit == mirror.fresh_cached_tokens(sched.requests[name]), name
         assert len(set(after)) == 1
-        _assert_indexes_match_the_memos(probe)
+        _assert_indexes_match_the_memos(mirror)
         if after != before:
             shrinks += 1
-            assert probe.num_full_lookups == lookups + 1
+            assert mirror.num_full_lookups == lookups + 1
     assert shrinks >= 10 and after[0] < 320
 
 
@@ -564,9 +564,9 @@ def test_requests_waiting_for_one_block_are_extended_from_one_search(
     assert len(groups) == 1 and sorted(groups[0]) == sorted(prompts) and groups[0][0] == first
     if first == "W1":  # W6 and W7 take W1's end; W2 (parts early), W3, W4, W5 are searched
         assert len(searches) == 5
-    _assert_indexes_match_the_memos(sched.fairway_probe)
+    _assert_indexes_match_the_memos(sched.fairway_mirror)
     for name in prompts:
-        hit = sched.fairway_probe.known_cached_tokens(sched.requests[name])
+        hit = sched.fairway_mirror.known_cached_tokens(sched.requests[name])
         assert (hit, *_lookups(sched, sched.requests[name])) == (expected[name],) * 4, name
 
 

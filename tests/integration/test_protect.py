@@ -36,7 +36,7 @@ def test_soft_protection_keeps_the_waiting_requests_prefix(offline, helpers, pro
     out, _ = offline.step(sched)
     assert list(out.num_scheduled_tokens) == ["C"]  # C is admitted; W does not fit any more
     # C took 30 blocks: plain LRU evicts P's tail; protection evicts B and one block of P.
-    assert sched.fairway_probe.fresh_cached_tokens(sched.requests["W"]) == kept_tokens
+    assert sched.fairway_mirror.fresh_cached_tokens(sched.requests["W"]) == kept_tokens
     assert pool.get_num_free_blocks() == free_before - 30  # no pins: free count is honest
     assert (sched.fairway_totals.protected_blocks > 0) == protect
 
@@ -60,7 +60,7 @@ def test_protection_order_and_no_ref_count_change(offline, helpers):
         n for b, n in zip(pool.blocks, refs, strict=True) if b.block_id not in r_blocks
     ]
     free = pool.free_block_queue.get_all_free_blocks()
-    chain = sched.fairway_probe.hit_blocks(sched.requests["W2"])
+    chain = sched.fairway_mirror.hit_blocks(sched.requests["W2"])
     assert len(chain) == 10
     # lpm puts W2 (10 blocks) before W1 (5 blocks, a sub-chain): the MRU end is W2's chain,
     # first block last.
@@ -139,11 +139,11 @@ def test_the_queue_is_split_only_while_a_request_is_set_apart(offline, helpers):
     sched.add_request(offline.make_request("huge", helpers.tokens(1, 700), 1.0))
     sched.add_request(offline.make_request("a", helpers.tokens(2_000, 50), 2.0))
     sched.add_request(offline.make_request("b", helpers.tokens(3_000, 50), 3.0))
-    probe = sched.fairway_probe
+    mirror = sched.fairway_mirror
     offline.step(sched)  # "a" starts; "huge" is finished with an error by the next update
     assert "huge" not in sched.requests
-    snap = probe.snapshot(list(sched.waiting))  # drops the memo of the request that left
-    assert probe.slots.num_special == 0
+    snap = mirror.snapshot(list(sched.waiting))  # drops the memo of the request that left
+    assert mirror.slots.num_special == 0
     assert [r.request_id for r in snap.current] == ["b"]
     assert not snap.oversized and not snap.fixed and len(snap.ordered_slots) == 1
     offline.run_until_idle(sched)

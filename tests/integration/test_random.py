@@ -34,10 +34,10 @@ def _spy(base):
             assert Counter(after) == Counter(before), "re-sort must permute the queue"
             assert len(set(after)) == len(after), "no request twice in the queue"
             if placed is not None:  # the policy saw exactly what vLLM's own lookup finds now
-                probe = self.fairway_probe
+                mirror = self.fairway_mirror
                 views = self.fairway_last_views
                 for view in views:
-                    fresh = probe.fresh_cached_tokens(self.requests[view.request_id])
+                    fresh = mirror.fresh_cached_tokens(self.requests[view.request_id])
                     assert view.cached_tokens == fresh, view
                 # the queue is the order applied (after the preempted requests kept first)
                 ordered = [views[i].request_id for i in self.fairway_last_order]

@@ -75,7 +75,7 @@ class _Worker:
 def _record_lookups(sched, *, with_gpu: bool = False) -> dict[str, tuple]:
     """Wrap the tier probe's lookup: request id -> (tier tokens, deferred) at the last step
     ((GPU hit, tier tokens, deferred) `with_gpu`)."""
-    tier = sched.fairway_probe.tier
+    tier = sched.fairway_mirror.tier
     assert tier is not None
     seen: dict[str, tuple[int, bool]] = {}
     original = tier.lookup
@@ -159,7 +159,7 @@ def test_a_tier_hit_is_priced_as_a_load(offline, helpers):
     seen = _record_lookups(sched)
     doc = helpers.tokens(1, 400)  # 25 blocks
     _warm_tier(offline, helpers, sched, worker, [doc, helpers.tokens(1_000, 600)])
-    assert sched.fairway_probe.fresh_cached_tokens(
+    assert sched.fairway_mirror.fresh_cached_tokens(
         offline.make_request("x", doc + [5], 0.0)
     ) < 100  # evicted from the 40-block GPU cache
     sched.add_request(offline.make_request("hit", doc + helpers.tokens(90_000, 20), 50.0))
@@ -170,7 +170,7 @@ def test_a_tier_hit_is_priced_as_a_load(offline, helpers):
     assert worker.loads["hit"] == tokens
     assert seen["miss"] == (0, False)
     last = sched.fairway_prepass.last
-    weight = sched.fairway_probe.tier.weight
+    weight = sched.fairway_mirror.tier.weight
     assert 0.9 < weight < 1.0  # priced: the shipped A6000 estimate, ~0.025 of a recompute
     by_id = dict(zip(last.columns.request_ids, last.columns.cached_tokens.tolist(), strict=True))
     gpu = by_id["hit"] - round(weight * tokens)
@@ -266,7 +266,7 @@ def test_an_unreadable_tier_is_tier_blind_with_one_warning(offline, helpers, mon
         sched = _scheduler(offline)
     warnings = [r for r in caplog.records if "offload tier" in r.getMessage()]
     assert len(warnings) == 1 and "tier-blind" in warnings[0].getMessage()
-    assert sched.fairway_probe.tier is None
+    assert sched.fairway_mirror.tier is None
     worker = _Worker()
     sched.add_request(offline.make_request("a", helpers.tokens(1, 100), 0.0))
     worker.step(offline, sched)
@@ -281,7 +281,7 @@ def test_a_failing_tier_lookup_falls_back_for_the_step(offline, helpers):
     def boom(*args, **kwargs):
         raise RuntimeError("tier lookup failed")
 
-    sched.fairway_probe.tier.lookup = boom
+    sched.fairway_mirror.tier.lookup = boom
     sched.add_request(offline.make_request("a", helpers.tokens(1, 100), 0.0))
     sched.add_request(offline.make_request("b", helpers.tokens(500, 100), 0.0))
     output = worker.step(offline, sched)

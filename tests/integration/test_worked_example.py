@@ -28,7 +28,7 @@ def _build(offline, helpers, policy: str, *, async_scheduling: bool = False):
 def test_fairway_step_schedules_hits_and_a_slice_of_the_miss(offline, helpers, async_scheduling):
     sched = _build(offline, helpers, "fairway-step", async_scheduling=async_scheduling)
     for i in range(1, 6):
-        assert sched.fairway_probe.fresh_cached_tokens(sched.requests[f"H{i}"]) == 6_000
+        assert sched.fairway_mirror.fresh_cached_tokens(sched.requests[f"H{i}"]) == 6_000
     before = sched.fairway_totals.placed.copy()
 
     out, _ = offline.step(sched)

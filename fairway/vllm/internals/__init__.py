@@ -48,7 +48,7 @@ objects they and the KV connector API take or return (`Request.request_id` / `ar
 `SchedulerOutput` with its `NewRequestData` / `CachedRequestData`, `EngineCoreOutputs.outputs`),
 the configuration's fields, and the KV cache manager's and block pool's methods
 (`prefix_cache_lookup_enabled`, `get_num_free_blocks`); the per-request loops of `prefix_memo`,
-`queue_slots`, `probe` and `observe` read those `Request` fields inline.
+`queue_slots`, `queue_mirror` and `observe` read those `Request` fields inline.
 
 Imports vLLM only inside the few functions that need its classes, so that modules which only read
 vLLM objects (`calibrate`, `observe`) stay importable without it.

@@ -1,9 +1,11 @@
-"""`PrefixProbe`: the one object the scheduler holds for the waiting queue's cached prefixes.
+"""`QueueMirror`: Fairway's mirror of vLLM's waiting queue, with each request's cached prefix.
 
-It joins the slot table (`queue_slots.QueueSlots`: the queue's columns by slot, the snapshot the
-policies order, the rearranging) and the cached-prefix memo (`prefix_memo.PrefixMemo`: the
-incremental lookup of each waiting request's hit) behind the calls the scheduler makes each step.
-Both are side-effect free towards vLLM: they read its objects, through `fairway.vllm.internals`.
+The one object the scheduler holds for the waiting queue. It joins the slot table
+(`queue_slots.QueueSlots`: the queue's columns by slot, the snapshot the policies order, the
+rearranging), the cached-prefix memo (`prefix_memo.PrefixMemo`: the incremental lookup of each
+waiting request's hit) and, with an offload tier, the tier probe, behind the calls the scheduler
+makes each step. All are side-effect free towards vLLM: they read its objects, through
+`fairway.vllm.internals`.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ if TYPE_CHECKING:
 _BATCH = 16
 
 
-class PrefixProbe:
-    """Cached-prefix length of waiting requests, without touching vLLM's state, and the queue's
-    fields as numpy columns for the policies.
+class QueueMirror:
+    """The waiting queue as Fairway sees it: each request's fields as numpy columns for the
+    policies and its cached-prefix length, kept without touching vLLM's state.
 
     A request is registered (a slot and a memo) after vLLM appends it to the queue
-    (`note_arrival` notes it; the next call that reads the probe registers every noted request
+    (`note_arrival` notes it; the next call that reads the mirror registers every noted request
     in one batch), when a snapshot first finds it there, or when it is looked up on its own
     (`cached_tokens`), and dropped when it leaves (`forget`, or absent from a snapshot).
     """
@@ -170,7 +172,7 @@ class PrefixProbe:
         self.memo.advance()
 
     def note_arrival(self, request: Request) -> None:
-        """Note a request vLLM appended to the queue: the next call that reads the probe
+        """Note a request vLLM appended to the queue: the next call that reads the mirror
         registers it (a step that cannot admit still probes it; the next `snapshot` expects it
         at the end of the queue)."""
         if request.status == RequestStatus.WAITING:
