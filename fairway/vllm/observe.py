@@ -59,14 +59,14 @@ class StepObserver:
         self.pending_tenants: dict[str, str] = {}
         self._updates = 0  # since the last check of every pending request
 
-    def after_schedule(self, output: SchedulerOutput, placed: Any) -> None:
+    def after_schedule(self, output: SchedulerOutput, ordered: Any) -> None:
         """After vLLM's step: queue times of first admissions; a trace record. Never raises."""
         sched = self.scheduler
         try:
             now = sched.fairway_clock()
             new = internals.new_requests(sched, output)
             if self.latency is not None and new:
-                lanes = _lanes_by_id(placed)
+                lanes = _lanes_by_id(ordered)
                 labels = self.tenant_labels if self.tenants is not None else None
                 pending_tenants = self.pending_tenants
                 for request_id, request, computed in new:
@@ -79,7 +79,7 @@ class StepObserver:
                     if labels is not None:
                         pending_tenants[request_id] = labels.of(request)
             if self.trace is not None:
-                self._trace(self.trace, output, placed, now, [rid for rid, _, _ in new])
+                self._trace(self.trace, output, ordered, now, [rid for rid, _, _ in new])
         except Exception as exc:  # noqa: BLE001 - reporting must never stop the engine
             sched.fairway_fallback(exc, "recording queue metrics / the decision trace",
                                     "the step's output is unchanged")
@@ -133,25 +133,25 @@ class StepObserver:
         self,
         trace: DecisionTrace,
         output: SchedulerOutput,
-        placed: Any,
+        ordered: Any,
         now: float,
         new: list[str],
     ) -> None:
         sched = self.scheduler
         scheduled = internals.scheduled_tokens(output)
-        if placed is None and not new and not len(internals.waiting_queue(sched)):
+        if ordered is None and not new and not len(internals.waiting_queue(sched)):
             return  # nothing was waiting: no decision to record
         resumed = internals.resumed_ids(output)
         ordering = sched.fairway_last_ordering
         trace.after_step(
             now=now,
             policy=sched.fairway_policy,
-            ordered=placed is not None,
+            ordered=ordered is not None,
             views=sched.fairway_last_views,
             order=sched.fairway_last_order,
             lanes=ordering.lanes if ordering is not None else None,
             plan=ordering.plan if ordering is not None else None,
-            num_fixed=getattr(placed, "num_fixed", 0),
+            num_fixed=getattr(ordered, "num_fixed", 0),
             admitted=[*new, *sorted(resumed)],
             scheduled=scheduled,
             tenant_names=self.tenant_names,
@@ -167,10 +167,10 @@ class StepObserver:
 SWEEP_EVERY = 64
 
 
-def _lanes_by_id(placed: Any) -> dict[str, str]:
+def _lanes_by_id(ordered: Any) -> dict[str, str]:
     """Request id -> lane that placed it, for the requests admitted from the order at this step
     (the scheduler records them; others: absent). Not built over the whole queue: O(admitted)."""
-    return placed.admitted_lanes if placed is not None else {}
+    return ordered.admitted_lanes if ordered is not None else {}
 
 
 def for_scheduler(scheduler: Any) -> StepObserver | None:

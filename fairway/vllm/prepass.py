@@ -42,8 +42,9 @@ logger = init_logger(__name__)
 
 
 @dataclass(slots=True)
-class Placed:
-    """What the pre-pass did this step, for the after-step bookkeeping."""
+class OrderedStep:
+    """What the pre-pass did to the waiting queue this step (None: it left the queue as it was),
+    for the after-step bookkeeping and the observer."""
 
     queue: list[Request]  # the new order of the waiting queue
     num_fixed: int  # preempted requests kept at the head
@@ -139,7 +140,7 @@ class StepPrepass:
 
     # --- before the step --------------------------------------------------------------------------
 
-    def reorder(self) -> Placed | None:
+    def reorder(self) -> OrderedStep | None:
         """Re-sort vLLM's waiting queue; on any failure leave it as it is. Never raises.
 
         When no request slot is free, vLLM's step cannot admit anyone, so the order cannot matter:
@@ -168,17 +169,17 @@ class StepPrepass:
         current = list(queue)
         self.last = LastOrder()
         try:
-            placed = self.order_queue(current)
+            ordered = self.order_queue(current)
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
             self.fallback(exc)
             return None
-        if placed.front is not None:
-            internals.move_to_front(queue, placed.front)
-        elif placed.queue is not current:
-            internals.reorder_queue(queue, placed.queue)
+        if ordered.front is not None:
+            internals.move_to_front(queue, ordered.front)
+        elif ordered.queue is not current:
+            internals.reorder_queue(queue, ordered.queue)
         if self.options.protect_enabled:
-            self.protect_blocks(placed.queue)
-        return placed
+            self.protect_blocks(ordered.queue)
+        return ordered
 
     def skip(self, queue: RequestQueue) -> None:
         """A step without ordering: the mirror advances (new arrivals within its budget, changed
@@ -192,7 +193,7 @@ class StepPrepass:
             oldest = mirror.oldest_arrival()
             self.stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
 
-    def order_queue(self, current: list[Request]) -> Placed:
+    def order_queue(self, current: list[Request]) -> OrderedStep:
         """The new queue order (a permutation of `current`), or an exception."""
         snap = self.mirror.snapshot(current)
         cols = snap.columns
@@ -223,7 +224,7 @@ class StepPrepass:
             stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
             oldest = cols.arrival.item(cols.oldest_row)
             stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
-        return Placed(queue, snap.num_fixed, n, lanes, front)
+        return OrderedStep(queue, snap.num_fixed, n, lanes, front)
 
     # --- the policy's one call, and the step plan (policies with `plans_steps`) ----------------
 
@@ -259,7 +260,7 @@ class StepPrepass:
         self.step_plan = self.last_plan = ordering.plan
         return ordering
 
-    def apply_plan(self, placed: Placed | None) -> step_plan.PlanUndo | None:
+    def apply_plan(self, ordered: OrderedStep | None) -> step_plan.PlanUndo | None:
         """Apply the step's plan to vLLM's knobs for this `schedule()` call. Never raises.
 
         With an empty waiting queue the plan is made here (running prefills only).
@@ -267,7 +268,7 @@ class StepPrepass:
         if not self.plans:
             return None
         try:
-            if placed is None and not internals.waiting_queue(self.scheduler):
+            if ordered is None and not internals.waiting_queue(self.scheduler):
                 self.ask_policy(QueueColumns.of([]), [])
             if self.step_plan is None:
                 return None
@@ -379,7 +380,7 @@ class StepPrepass:
     # --- after the step ---------------------------------------------------------------------------
 
     def after_step(
-        self, output: SchedulerOutput, placed: Placed | None, prepass_s: float
+        self, output: SchedulerOutput, ordered: OrderedStep | None, prepass_s: float
     ) -> None:
         """Tell the policy what was admitted; forget who left; publish stats. Never raises."""
         stats = self.stats
@@ -395,14 +396,14 @@ class StepPrepass:
             admitted: list[Request] = []
             if self.ran:
                 stats.prepass_s.append(prepass_s)
-            if placed is not None:
-                admitted = self.admitted(output, placed)
+            if ordered is not None:
+                admitted = self.admitted(output, ordered)
             elif not self.ran:
                 stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
             admitted_ids = [r.request_id for r in admitted]
             if self.step_plan is not None:
                 by_request = self.book_plan(output, admitted_ids)
-            elif placed is not None:
+            elif ordered is not None:
                 prefill = internals.prefill_tokens(self.scheduler, output)
                 self.policy.on_step_end(admitted_ids, prefill)
             self.trim()
@@ -417,7 +418,7 @@ class StepPrepass:
             self.totals.add(stats)
             stats.reset()
 
-    def admitted(self, output: SchedulerOutput, placed: Placed) -> list[Request]:
+    def admitted(self, output: SchedulerOutput, ordered: OrderedStep) -> list[Request]:
         """Requests admitted from our order, in admission order; counts them by lane.
 
         vLLM pops admitted requests from the head and puts skipped ones back at the head, so the
@@ -431,14 +432,14 @@ class StepPrepass:
         limit = len(scheduled) + internals.deferred_count(self.scheduler)
         admitted: list[Request] = []
         placed_counts = self.stats.placed
-        admitted_lanes = placed.admitted_lanes
-        for k, request in enumerate(placed.queue[:limit]):
+        admitted_lanes = ordered.admitted_lanes
+        for k, request in enumerate(ordered.queue[:limit]):
             if request.request_id not in scheduled:
                 continue
             admitted.append(request)
-            ordered_pos = k - placed.num_fixed
-            if 0 <= ordered_pos < placed.num_ordered:  # not preempted-first, not oversized
-                lane = placed.lanes[ordered_pos] if placed.lanes is not None else "single"
+            ordered_pos = k - ordered.num_fixed
+            if 0 <= ordered_pos < ordered.num_ordered:  # not preempted-first, not oversized
+                lane = ordered.lanes[ordered_pos] if ordered.lanes is not None else "single"
                 admitted_lanes[request.request_id] = lane
                 if lane != UNPLACED_LANE:  # past the ordered head: no lane placed it
                     placed_counts[lane] = placed_counts.get(lane, 0) + 1

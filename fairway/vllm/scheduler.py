@@ -221,17 +221,17 @@ class FairwaySchedulerMixin(_SchedulerBase):
         start = time.perf_counter()
         prepass = self.fairway_prepass
         prepass.step_plan = None
-        placed = prepass.reorder()
-        undo = prepass.apply_plan(placed)
+        ordered = prepass.reorder()
+        undo = prepass.apply_plan(ordered)
         prepass_s = time.perf_counter() - start
         try:
             output = super().schedule(*args, **kwargs)
         finally:
             if undo is not None:
                 undo.restore()
-        prepass.after_step(output, placed, prepass_s)
+        prepass.after_step(output, ordered, prepass_s)
         if self.fairway_observer is not None:  # never raises
-            self.fairway_observer.after_schedule(output, placed)
+            self.fairway_observer.after_schedule(output, ordered)
         if self.fairway_calibration is not None:
             self._calibrate("on_schedule", output)
         return output
