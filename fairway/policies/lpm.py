@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from fairway.policies.base import Policy, arrival_order, register_policy
-from fairway.policies.queue import Ordering, QueueColumns, QueuedRequest, SlotState, Step
+from fairway.policies.queue import Ordering, QueueColumns, QueuedRequest, Step, TicketState
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class LPMPolicy(Policy):
     returned order; the remembered order is forgotten for ids that leave the queue, so memory is
     bounded by the queue length. `on_step_end` is not needed. `ordering()` is the same rule
     over numpy columns (what the scheduler calls): the remembered order lives in an array indexed
-    by `QueueColumns.slots`, and `QueueColumns.new` marks the requests not seen at the previous
+    by `QueueColumns.tickets`, and `QueueColumns.new` marks the requests not seen at the previous
     call. One object serves one of the two paths.
     """
 
@@ -64,7 +64,7 @@ class LPMPolicy(Policy):
     #: How many `order()` calls kept the previous order because of `max_queue_for_sort`.
     num_unsorted_steps: int = field(default=0, init=False, repr=False)
     _rank: dict[str, int] = field(default_factory=dict, init=False, repr=False)
-    _slot_rank: SlotState = field(default_factory=SlotState, init=False, repr=False)
+    _ticket_rank: TicketState = field(default_factory=TicketState, init=False, repr=False)
     _num_known: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +101,7 @@ class LPMPolicy(Policy):
         """`order()` over numpy columns: O(n log n) in numpy, no per-request Python."""
         cols = queue
         n = len(cols)
-        rank = self._slot_rank.view(cols.slots)
+        rank = self._ticket_rank.view(cols.tickets)
         new = np.flatnonzero(cols.new)
         if len(new):
             new = new[np.argsort(cols.arrival[new], kind="stable")]  # ties keep queue position
@@ -113,7 +113,7 @@ class LPMPolicy(Policy):
             result = np.argsort(rank, kind="stable")
         else:
             result = np.lexsort((rank, -cols.cached_tokens))
-        self._slot_rank.store(cols.slots[result], np.arange(n))
+        self._ticket_rank.store(cols.tickets[result], np.arange(n))
         self._num_known = n
         return Ordering(result)
 

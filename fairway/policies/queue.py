@@ -1,7 +1,7 @@
 """The waiting queue and its orderings, as every policy sees them. Must not import vllm.
 
 A policy reads the waiting queue as `QueueColumns` (numpy columns by row: arrival, prompt length,
-cached prefix, a stable per-request slot) and returns an `Ordering`: a permutation of the rows,
+cached prefix, a stable per-request ticket) and returns an `Ordering`: a permutation of the rows,
 highest priority first, with the lane that placed each position and,
 for a policy that plans steps, the step's `StepPlan`. `QueuedRequest` is the same queue one request
 at a time: what a reference rule reads (`QueueColumns.views()`), and what tests build.
@@ -214,11 +214,11 @@ class QueueColumns:
         arrival: float64 seconds, on the clock of `now`.
         prompt_tokens: int64 L (prompt + output so far for a preempted request).
         cached_tokens: int64 h, block-granular, <= L (0 while a request is not yet probed).
-        slots: intp, a small integer per request (its slot in the scheduler's table), stable
+        tickets: intp, a small integer per request (its ticket in the scheduler's table), stable
             while it waits and unique within the queue; reused after the request leaves. Policies
             keep per-request state in arrays indexed by it (LPM's rank, say) instead of dicts
             keyed by request id.
-        new: bool, True for a request this policy has not been given before (its slot's state is
+        new: bool, True for a request this policy has not been given before (its ticket's state is
             stale and must be initialised).
         tenant: intp, the tenant's code (`fairway.tenants.TenantTable`; 0: the default tenant);
             None: every row is the default tenant's.
@@ -229,7 +229,7 @@ class QueueColumns:
     arrival: np.ndarray
     prompt_tokens: np.ndarray
     cached_tokens: np.ndarray
-    slots: np.ndarray
+    tickets: np.ndarray
     new: np.ndarray
     #: `rows -> their request ids` (read only for the rows a policy asks about).
     # speed: scheduler_overhead.py admit 10000 fairway: 2.21 ms -> 0.73 ms per step (ids on demand)
@@ -323,9 +323,9 @@ class QueueColumns:
 
     @classmethod
     def of(
-        cls, queue: Sequence[QueuedRequest], slots: Sequence[int] | None = None
+        cls, queue: Sequence[QueuedRequest], tickets: Sequence[int] | None = None
     ) -> QueueColumns:
-        """Columns of a list of views (tests, the replay); `slots` default to the positions."""
+        """Columns of a list of views (tests, the replay); `tickets` default to the positions."""
         n = len(queue)
         ids = [r.request_id for r in queue]
         # lists, then arrays, for the few running prefills `fairway` builds columns of every
@@ -338,7 +338,9 @@ class QueueColumns:
             arrival=np.array([r.arrival for r in queue], dtype=np.float64),
             prompt_tokens=np.array([r.prompt_tokens for r in queue], dtype=np.int64),
             cached_tokens=np.array([r.cached_tokens for r in queue], dtype=np.int64),
-            slots=np.arange(n, dtype=np.intp) if slots is None else np.asarray(slots, np.intp),
+            tickets=(
+                np.arange(n, dtype=np.intp) if tickets is None else np.asarray(tickets, np.intp)
+            ),
             new=np.ones(n, dtype=bool),
             ids_source=lambda rows: np.asarray(ids, dtype=object)[rows].tolist(),
             tenant=tenant if tenant.any() else None,
@@ -391,22 +393,22 @@ def check_order(order: object, n: int) -> tuple[np.ndarray, int]:
     return arr, moved
 
 
-class SlotState:
-    """A per-request int64 array a policy indexes by `QueueColumns.slots` (grows as needed)."""
+class TicketState:
+    """A per-request int64 array a policy indexes by `QueueColumns.tickets` (grows as needed)."""
 
     __slots__ = ("values",)
 
     def __init__(self) -> None:
         self.values = np.zeros(0, dtype=np.int64)
 
-    def view(self, slots: np.ndarray) -> np.ndarray:
-        """Values of these slots (a copy), after growing the array to hold every slot."""
-        if len(slots) and slots.max() >= len(self.values):
-            grown = np.zeros(max(2 * len(self.values), int(slots.max()) + 1, 64), np.int64)
+    def view(self, tickets: np.ndarray) -> np.ndarray:
+        """Values of these tickets (a copy), after growing the array to hold every ticket."""
+        if len(tickets) and tickets.max() >= len(self.values):
+            grown = np.zeros(max(2 * len(self.values), int(tickets.max()) + 1, 64), np.int64)
             grown[: len(self.values)] = self.values
             self.values = grown
-        values: np.ndarray = self.values[slots]
+        values: np.ndarray = self.values[tickets]
         return values
 
-    def store(self, slots: np.ndarray, values: np.ndarray) -> None:
-        self.values[slots] = values
+    def store(self, tickets: np.ndarray, values: np.ndarray) -> None:
+        self.values[tickets] = values

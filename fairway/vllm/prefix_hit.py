@@ -22,8 +22,8 @@ class PrefixHit:
     """
 
     request: Request
-    #: The request's slot in the queue's columns (`QueueColumns.slots`); -1 once it left.
-    slot: int
+    #: The request's ticket in the queue's columns (`QueueColumns.tickets`); -1 once it left.
+    ticket: int
     arrival: float
     num_tokens: int
     #: Longest possible hit in blocks, (num_tokens - 1) // block_size: the hit never covers the

@@ -55,7 +55,7 @@ _MAX_HINTS = 4_096
 
 
 class PrefixMemo:
-    """Cached-prefix length of waiting requests by slot, without touching vLLM's state.
+    """Cached-prefix length of waiting requests by ticket, without touching vLLM's state.
 
     Read-only: no ref counts, no free-queue moves, no prefix-cache stats, no KV events (it reads the
     block pool's hash map directly, not `get_computed_blocks`). Block-granular and capped at
@@ -98,8 +98,8 @@ class PrefixMemo:
         #: Lookups by kind since construction (tests and the benchmark read them).
         self.num_full_lookups = 0
         self.num_extensions = 0
-        #: The memo of each slot (None: a free slot) and its hit in tokens (the queue's
-        #: cached-tokens column), grown with the slots (`resize`).
+        #: The memo of each ticket (None: a free ticket) and its hit in tokens (the queue's
+        #: cached-tokens column), grown with the tickets (`resize`).
         self.hits: list[PrefixHit | None] = []
         self.cached = np.zeros(0, dtype=np.int64)
         self._pending: list[PrefixHit] = []  # not yet probed; oldest first once sorted
@@ -122,10 +122,10 @@ class PrefixMemo:
         self._cache_get = self._cache.get
         self._block_of = internals.entry_block_reader(self._pool)
 
-    # --- slots ------------------------------------------------------------------------------------
+    # --- tickets ----------------------------------------------------------------------------------
 
     def resize(self, capacity: int) -> None:
-        """Room for slots 0 .. capacity - 1 (the slot table grew)."""
+        """Room for tickets 0 .. capacity - 1 (the queue table grew)."""
         old = len(self.hits)
         grown = np.zeros(capacity, dtype=self.cached.dtype)
         grown[:old] = self.cached
@@ -133,13 +133,13 @@ class PrefixMemo:
         self.hits.extend([None] * (capacity - old))
 
     def add(
-        self, request: Request, slot: int, arrival: float, num_tokens: int, oversized: bool
+        self, request: Request, ticket: int, arrival: float, num_tokens: int, oversized: bool
     ) -> None:
         """Start the memo of a request seen for the first time in this stint (not looked up yet,
         unless `oversized`: then never)."""
-        hit = PrefixHit(request, slot, arrival, num_tokens, (num_tokens - 1) // self.block_size)
-        self.hits[slot] = hit
-        self.cached[slot] = 0
+        hit = PrefixHit(request, ticket, arrival, num_tokens, (num_tokens - 1) // self.block_size)
+        self.hits[ticket] = hit
+        self.cached[ticket] = 0
         if oversized:
             hit.oversized = hit.probed = True  # never looked up: it cannot be admitted anyway
             return
@@ -151,7 +151,7 @@ class PrefixMemo:
     def add_many(
         self,
         requests: Sequence[Request],
-        slots: Sequence[int],
+        tickets: Sequence[int],
         arrivals: Sequence[float],
         num_tokens: Sequence[int],
         max_tokens: int,
@@ -163,14 +163,14 @@ class PrefixMemo:
         """
         block_size, hits = self.block_size, self.hits
         made = [
-            PrefixHit(request, slot, arrival, tokens, (tokens - 1) // block_size)
-            for request, slot, arrival, tokens in zip(
-                requests, slots, arrivals, num_tokens, strict=True
+            PrefixHit(request, ticket, arrival, tokens, (tokens - 1) // block_size)
+            for request, ticket, arrival, tokens in zip(
+                requests, tickets, arrivals, num_tokens, strict=True
             )
         ]
-        for slot, hit in zip(slots, made, strict=True):
-            hits[slot] = hit
-        self.cached[list(slots)] = 0
+        for ticket, hit in zip(tickets, made, strict=True):
+            hits[ticket] = hit
+        self.cached[list(tickets)] = 0
         fresh = made
         if max(num_tokens, default=0) > max_tokens:
             fresh = []
@@ -190,22 +190,23 @@ class PrefixMemo:
                 self._pending_sorted = False
         pending += fresh
 
-    def remove(self, slot: int) -> None:
-        """Drop the memo of a slot (its request left the queue)."""
-        hit = self.hits[slot]
+    def remove(self, ticket: int) -> None:
+        """Drop the memo of a ticket (its request left the queue)."""
+        hit = self.hits[ticket]
         assert hit is not None
-        self.hits[slot] = None
+        self.hits[ticket] = None
         if hit.next_key is not None:
             move(self.by_next, hit, hit.next_key, None)
         if hit.last_key is not None:
             move(self.by_last, hit, hit.last_key, None)
-        hit.slot = -1  # also marks it gone for `_pending`
+        hit.ticket = -1  # also marks it gone for `_pending`
 
     # --- one request ------------------------------------------------------------------------------
 
-    def cached_tokens(self, slot: int) -> int:
-        """Tokens of the longest cached prefix of the slot's request now (looked up or verified)."""
-        hit = self.hits[slot]
+    def cached_tokens(self, ticket: int) -> int:
+        """Tokens of the longest cached prefix of the ticket's request now (looked up or
+        verified)."""
+        hit = self.hits[ticket]
         assert hit is not None
         if not hit.probed:
             self._first(hit)
@@ -213,13 +214,13 @@ class PrefixMemo:
             self._lookup(hit)
         else:
             self._verify(hit)
-        return hit.blocks * self.block_size if self.incremental else int(self.cached[hit.slot])
+        return hit.blocks * self.block_size if self.incremental else int(self.cached[hit.ticket])
 
-    def known_cached_tokens(self, slot: int) -> int | None:
-        """The slot's hit as the policy would see it now, without probing (None: not looked up
+    def known_cached_tokens(self, ticket: int) -> int | None:
+        """The ticket's hit as the policy would see it now, without probing (None: not looked up
         yet)."""
-        hit = self.hits[slot]
-        return int(self.cached[slot]) if hit is not None and hit.probed else None
+        hit = self.hits[ticket]
+        return int(self.cached[ticket]) if hit is not None and hit.probed else None
 
     def fresh_cached_tokens(self, request: Request) -> int:
         """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
@@ -229,10 +230,10 @@ class PrefixMemo:
             self._coordinator, request.block_hashes, request.num_tokens - 1
         )[1]
 
-    def hit_blocks(self, slot: int) -> list[KVCacheBlock]:
-        """The cached blocks of the slot's hit, first block first (read on demand)."""
-        hit = self.hits[slot]
-        if hit is None or not hit.probed or not self.cached[hit.slot]:
+    def hit_blocks(self, ticket: int) -> list[KVCacheBlock]:
+        """The cached blocks of the ticket's hit, first block first (read on demand)."""
+        hit = self.hits[ticket]
+        if hit is None or not hit.probed or not self.cached[hit.ticket]:
             return []
         request = hit.request
         if not self.incremental:
@@ -349,15 +350,15 @@ class PrefixMemo:
     def _set(self, hit: PrefixHit, blocks: int, tokens: int | None = None) -> None:
         """Record a hit of `blocks` blocks; re-index its growth and eviction keys."""
         hit.blocks = blocks
-        if hit.slot >= 0:
-            self.cached[hit.slot] = blocks * self.block_size if tokens is None else tokens
+        if hit.ticket >= 0:
+            self.cached[hit.ticket] = blocks * self.block_size if tokens is None else tokens
         if not self.incremental:
             return
         hashes = hit.request.block_hashes
         last_key = hashes[blocks - 1] + GROUP0_SUFFIX if blocks else None
         can_grow = blocks < min(hit.max_blocks, len(hashes))
         next_key = hashes[blocks] + GROUP0_SUFFIX if can_grow else None
-        if hit.slot < 0:
+        if hit.ticket < 0:
             hit.next_key, hit.last_key = next_key, last_key
             return
         if next_key != hit.next_key:
@@ -373,7 +374,7 @@ class PrefixMemo:
         """Probe new requests (up to the budget) and re-verify every memo against the cache.
 
         Also the whole pre-pass of a step that cannot admit anything: the hits stay current and a
-        burst keeps being probed while the running slots are full.
+        burst keeps being probed while the request slots are full.
         """
         self.check_map()
         if self._pending:
@@ -399,11 +400,11 @@ class PrefixMemo:
     @property
     def num_unprobed(self) -> int:
         """Waiting requests not looked up yet (ordered as misses until they are)."""
-        return sum(1 for hit in self._pending if hit.slot >= 0 and not hit.probed)
+        return sum(1 for hit in self._pending if hit.ticket >= 0 and not hit.probed)
 
-    def unprobed_slots(self) -> list[int]:
-        """Slots of the waiting requests not looked up yet."""
-        return [hit.slot for hit in self._pending if hit.slot >= 0 and not hit.probed]
+    def unprobed_tickets(self) -> list[int]:
+        """Tickets of the waiting requests not looked up yet."""
+        return [hit.ticket for hit in self._pending if hit.ticket >= 0 and not hit.probed]
 
     def _probe_pending(self) -> None:
         pending = self._pending
@@ -415,7 +416,7 @@ class PrefixMemo:
         while k < len(pending) and budget:
             hit = pending[k]
             k += 1
-            if hit.slot >= 0 and not hit.probed:
+            if hit.ticket >= 0 and not hit.probed:
                 batch.append(hit)
                 budget -= 1
         del pending[:k]
@@ -468,7 +469,7 @@ class PrefixMemo:
                     hints.clear()
                 hints[first] = blocks
             hit.blocks = blocks
-            rows.append(hit.slot)
+            rows.append(hit.ticket)
             values.append(blocks * block_size)
             if blocks:  # indexed as `_set` indexes it (`move` from no key)
                 hit.last_key = key = hashes[blocks - 1] + suffix
@@ -494,6 +495,6 @@ class PrefixMemo:
         for hit in self.hits:
             if hit is not None and hit.probed and not hit.oversized:
                 hit.probed, hit.blocks, hit.next_key, hit.last_key = False, 0, None, None
-                self.cached[hit.slot] = 0
+                self.cached[hit.ticket] = 0
                 self._pending.append(hit)
         self._pending_sorted = False

@@ -110,7 +110,7 @@ class StepPrepass:
         self.options = options
         self.policy = policy
         self.mirror = mirror
-        mirror.slots.read_plain = type(policy).reads_plain
+        mirror.table.read_plain = type(policy).reads_plain
         self.metrics = metrics
         self.plans = plans
         self.top_k = top_k
@@ -244,7 +244,7 @@ class StepPrepass:
             step = Step(now, head, tenant_weights=weights, kv_usage=usage, num_ahead=num_ahead)
             return by_level(self.policy.ordering(waiting, step), waiting)
         prefilling, decode_tokens = internals.running_prefills(
-            self.scheduler, self.mirror.slots.classify
+            self.scheduler, self.mirror.table.classify
         )
         firsts = [(r.request_id, r.num_tokens - self.mirror.cached_tokens(r)) for r in ahead]
         free = internals.free_slots(self.scheduler)

@@ -1,7 +1,7 @@
 """`QueueMirror`: Fairway's mirror of vLLM's waiting queue, with each request's cached prefix.
 
-The one object the scheduler holds for the waiting queue. It joins the slot table
-(`queue_slots.QueueSlots`: the queue's columns by slot, the snapshot the policies order, the
+The one object the scheduler holds for the waiting queue. It joins the queue table
+(`queue_table.QueueTable`: the queue's columns by ticket, the snapshot the policies order, the
 rearranging), the cached-prefix memo (`prefix_memo.PrefixMemo`: the incremental lookup of each
 waiting request's hit) and, with an offload tier, the tier probe, behind the calls the scheduler
 makes each step. All are side-effect free towards vLLM: they read its objects, through
@@ -18,7 +18,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from fairway.policies.queue import QueueColumns
 from fairway.vllm.prefix_memo import PROBE_BUDGET, PrefixMemo
-from fairway.vllm.queue_slots import QueueSlots, QueueSnapshot
+from fairway.vllm.queue_table import QueueSnapshot, QueueTable
 from fairway.vllm.tier_probe import TierProbe
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class QueueMirror:
     """The waiting queue as Fairway sees it: each request's fields as numpy columns for the
     policies and its cached-prefix length, kept without touching vLLM's state.
 
-    A request is registered (a slot and a memo) after vLLM appends it to the queue
+    A request is registered (a ticket and a memo) after vLLM appends it to the queue
     (`note_arrival` notes it; the next call that reads the mirror registers every noted request
     in one batch), when a snapshot first finds it there, or when it is looked up on its own
     (`cached_tokens`), and dropped when it leaves (`forget`, or absent from a snapshot).
@@ -59,7 +59,7 @@ class QueueMirror:
         self._requests_by_id = requests_by_id or dict
         #: Requests longer than this cannot fit in an empty cache (kept last, never probed).
         self.max_tokens = max_tokens if max_tokens is not None else 2**62
-        self.slots = QueueSlots(
+        self.table = QueueTable(
             max_tokens=self.max_tokens, keep_preempted_first=keep_preempted_first,
             classify=classify,
         )
@@ -78,16 +78,16 @@ class QueueMirror:
         """
         self._register_noted()
         self.memo.check_map()
-        slot = self.slots.slot_of.get(request)
-        if slot is None:
-            slot = self._register(request)
-        return self.memo.cached_tokens(slot)
+        ticket = self.table.ticket_of.get(request)
+        if ticket is None:
+            ticket = self._register(request)
+        return self.memo.cached_tokens(ticket)
 
     def known_cached_tokens(self, request: Request) -> int | None:
         """h as the policy would see it now, without probing (None: not looked up yet)."""
         self._register_noted()
-        slot = self.slots.slot_of.get(request)
-        return None if slot is None else self.memo.known_cached_tokens(slot)
+        ticket = self.table.ticket_of.get(request)
+        return None if ticket is None else self.memo.known_cached_tokens(ticket)
 
     def fresh_cached_tokens(self, request: Request) -> int:
         """A full lookup by vLLM's coordinator that ignores and does not update the memo (tests)."""
@@ -96,8 +96,8 @@ class QueueMirror:
     def hit_blocks(self, request: Request) -> list[KVCacheBlock]:
         """The cached blocks of a waiting request's hit, first block first (read on demand)."""
         self._register_noted()
-        slot = self.slots.slot_of.get(request)
-        return [] if slot is None else self.memo.hit_blocks(slot)
+        ticket = self.table.ticket_of.get(request)
+        return [] if ticket is None else self.memo.hit_blocks(ticket)
 
     # --- the queue --------------------------------------------------------------------------------
 
@@ -110,60 +110,60 @@ class QueueMirror:
         self._register_noted()
         self.memo.check_map()
         current = requests if isinstance(requests, list) else list(requests)
-        slots, unknown = self.slots.find(current)
+        tickets, unknown = self.table.find(current)
         if unknown:
-            for i in np.flatnonzero(slots < 0).tolist():
-                slots[i] = self._register(current[i])
-        if len(self.slots) > len(current):  # some requests left without being admitted (aborts)
-            for slot in self.slots.absent(slots):
-                self._release(slot)
+            for i in np.flatnonzero(tickets < 0).tolist():
+                tickets[i] = self._register(current[i])
+        if len(self.table) > len(current):  # some requests left without being admitted (aborts)
+            for ticket in self.table.absent(tickets):
+                self._release(ticket)
         self.memo.advance()
         if self.tier is None or not current:
-            snap = self.slots.split(current, slots, self.memo.cached)
+            snap = self.table.split(current, tickets, self.memo.cached)
         else:
-            snap = self._split_with_tier(current, slots, self.tier)
-        unprobed = self.memo.unprobed_slots()  # empty once every waiting hit is looked up
+            snap = self._split_with_tier(current, tickets, self.tier)
+        unprobed = self.memo.unprobed_tickets()  # empty once every waiting hit is looked up
         if unprobed and snap.columns is not None:
-            by_slot = np.zeros(self.slots.capacity, dtype=bool)
-            by_slot[unprobed] = True
-            snap.columns.unprobed = by_slot[snap.columns.slots]
+            by_ticket = np.zeros(self.table.capacity, dtype=bool)
+            by_ticket[unprobed] = True
+            snap.columns.unprobed = by_ticket[snap.columns.tickets]
         return snap
 
-    def _split_with_tier(self, current: list[Request], slots: np.ndarray,
+    def _split_with_tier(self, current: list[Request], tickets: np.ndarray,
                          tier: TierProbe) -> QueueSnapshot:
         """The split with the tier priced in: h = GPU hit + weight x tier tokens (capped at the
         prompt), and the requests the connector would defer set behind the ordered ones."""
-        gpu = self.memo.cached[slots]
+        gpu = self.memo.cached[tickets]
         tokens, deferred = tier.lookup(
-            current, slots, gpu, self.slots.slot_of, self._requests_by_id(),
-            self.memo.unprobed_slots(),
+            current, tickets, gpu, self.table.ticket_of, self._requests_by_id(),
+            self.memo.unprobed_tickets(),
         )
         cached = self.memo.cached
         if tokens.any() and tier.weight > 0:
             cached = cached.copy()
             priced = gpu + np.rint(tier.weight * tokens).astype(np.int64)
-            cached[slots] = np.minimum(priced, self.slots.prompt_of(slots))
-        snap = self.slots.split(current, slots, cached, deferred if deferred.any() else None)
+            cached[tickets] = np.minimum(priced, self.table.prompt_of(tickets))
+        snap = self.table.split(current, tickets, cached, deferred if deferred.any() else None)
         if snap.columns is not None and tokens.any():
-            by_slot = np.zeros(self.slots.capacity, dtype=np.int64)
-            by_slot[slots] = tokens
-            snap.columns.tier_tokens = by_slot[snap.columns.slots]
+            by_ticket = np.zeros(self.table.capacity, dtype=np.int64)
+            by_ticket[tickets] = tokens
+            snap.columns.tier_tokens = by_ticket[snap.columns.tickets]
         return snap
 
     def arrange(
         self, snap: QueueSnapshot, order: np.ndarray, moved: int
     ) -> tuple[list[Request], list[int] | None]:
-        """The new queue and the positions moved to its front (`QueueSlots.arrange`)."""
-        return self.slots.arrange(snap, order, moved)
+        """The new queue and the positions moved to its front (`QueueTable.arrange`)."""
+        return self.table.arrange(snap, order, moved)
 
     def mark_given(self, cols: QueueColumns) -> None:
         """The policy ordered these requests: they are no longer new to it."""
-        self.slots.mark_given(cols)
+        self.table.mark_given(cols)
 
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""
         self._register_noted()
-        return self.slots.oldest_arrival()
+        return self.table.oldest_arrival()
 
     def advance(self) -> None:
         """Probe new requests (up to the budget) and re-verify every memo (`PrefixMemo.advance`);
@@ -180,50 +180,51 @@ class QueueMirror:
 
     def _register_noted(self) -> None:
         """Register the noted requests not registered yet, in the order they were noted: what
-        registering each one as it was noted gives (the same slots, memos and pending order),
+        registering each one as it was noted gives (the same tickets, memos and pending order),
         in one batch.
-        # speed: the slot table's part for 1,000 arrivals, 0.58 ms one by one -> 0.27 ms as one
-        # batch (`QueueSlots.add_many`, best of 7 x 50); the memos' part, `PrefixMemo.add_many`'s
+        # speed: the queue table's part for 1,000 arrivals, 0.58 ms one by one -> 0.27 ms as one
+        # batch (`QueueTable.add_many`, best of 7 x 50); the memos' part, `PrefixMemo.add_many`'s
         """
         if not self._noted:
             return
         noted, self._noted = self._noted, []
-        slot_of = self.slots.slot_of
-        new = [r for r in dict.fromkeys(noted) if r not in slot_of]
+        ticket_of = self.table.ticket_of
+        new = [r for r in dict.fromkeys(noted) if r not in ticket_of]
         if len(new) < _BATCH:  # a few arrivals: one at a time costs less than numpy's calls
-            note = self.slots.note_arrival
+            note = self.table.note_arrival
             for request in new:
                 note(request, self._register(request))
             return
         num_tokens = [r.num_tokens for r in new]
         arrivals = [r.arrival_time for r in new]
-        slots = self.slots.add_many(new, arrivals, num_tokens)
-        if len(self.memo.hits) < self.slots.capacity:
-            self.memo.resize(self.slots.capacity)
-        self.memo.add_many(new, slots, arrivals, num_tokens, self.max_tokens)
-        self.slots.note_arrivals(new, slots)
+        tickets = self.table.add_many(new, arrivals, num_tokens)
+        if len(self.memo.hits) < self.table.capacity:
+            self.memo.resize(self.table.capacity)
+        self.memo.add_many(new, tickets, arrivals, num_tokens, self.max_tokens)
+        self.table.note_arrivals(new, tickets)
 
     def invalidate(self, request: Request) -> None:
         """Drop one request's memo while it may still be queued (its tokens changed)."""
         self.forget([request])
-        self.slots.forget_order()  # its slot may be reused: find every slot by lookup next time
+        self.table.forget_order()  # its ticket may be reused: find every ticket by lookup next time
 
     def tier_tokens_of(self, requests: Iterable[Request]) -> int:
         """Sum of the tier-hit tokens last probed for these requests (0 without a tier)."""
         self._register_noted()
-        tier, slot_of = self.tier, self.slots.slot_of
+        tier, ticket_of = self.tier, self.table.ticket_of
         if tier is None:
             return 0
-        return sum(tier.tokens_of(slot) for r in requests if (slot := slot_of.get(r)) is not None)
+        tickets = (ticket_of.get(r) for r in requests)
+        return sum(tier.tokens_of(ticket) for ticket in tickets if ticket is not None)
 
     def forget(self, requests: Iterable[Request]) -> None:
         """Drop memo entries (requests admitted or gone: no longer in the queue)."""
         self._register_noted()
-        slot_of = self.slots.slot_of
+        ticket_of = self.table.ticket_of
         for request in requests:
-            slot = slot_of.get(request)
-            if slot is not None:
-                self._release(slot)
+            ticket = ticket_of.get(request)
+            if ticket is not None:
+                self._release(ticket)
 
     @property
     def num_unprobed(self) -> int:
@@ -243,20 +244,20 @@ class QueueMirror:
 
     def __len__(self) -> int:
         self._register_noted()
-        return len(self.slots)
+        return len(self.table)
 
     def _register(self, request: Request) -> int:
-        """A slot and a memo for a request seen for the first time in this stint."""
+        """A ticket and a memo for a request seen for the first time in this stint."""
         num_tokens = request.num_tokens
         arrival = request.arrival_time
-        slot = self.slots.add(request, arrival, num_tokens)
-        if len(self.memo.hits) < self.slots.capacity:
-            self.memo.resize(self.slots.capacity)
-        self.memo.add(request, slot, arrival, num_tokens, num_tokens > self.max_tokens)
-        return slot
+        ticket = self.table.add(request, arrival, num_tokens)
+        if len(self.memo.hits) < self.table.capacity:
+            self.memo.resize(self.table.capacity)
+        self.memo.add(request, ticket, arrival, num_tokens, num_tokens > self.max_tokens)
+        return ticket
 
-    def _release(self, slot: int) -> None:
+    def _release(self, ticket: int) -> None:
         if self.tier is not None:
-            self.tier.forget(slot)
-        self.memo.remove(slot)
-        self.slots.remove(slot)
+            self.tier.forget(ticket)
+        self.memo.remove(ticket)
+        self.table.remove(ticket)

@@ -10,13 +10,13 @@ manager's `lookup()` (a dict read for vLLM's CPU manager: no touch, no load prep
 so that the order prices a tier hit before vLLM serves it (`tests/integration/test_tier_probe.py`
 checks the probe against what the connector then loads, request for request).
 
-Memo per slot, kept up to date by what changed, read from the connector's own books before each
+Memo per ticket, kept up to date by what changed, read from the connector's own books before each
 step: the keys of the store jobs created (chunks inserted, pending) and of those finished (now
-readable) since the last step; a slot is looked at again only when one of its run's end keys
+readable) since the last step; a ticket is looked at again only when one of its run's end keys
 (the first and the last chunk of the run, the chunk after it) changed, when its GPU hit ends in
 another chunk, or while its run has a pending chunk. Evictions are not in those books: when the
 tier's chunks in use grew less than the stores inserted (something was evicted), or a job came
-and went unseen, every slot is checked by its ends. Looking at
+and went unseen, every ticket is checked by its ends. Looking at
 it again checks those ends and scans only what moved (a GPU hit that shrank: the chunks between
 the new and the old start). An eviction inside a run whose ends stay is not seen until an end
 changes; the connector's own lookup at admission is the truth in any case (an over-estimate
@@ -38,7 +38,7 @@ from fairway.vllm import internals
 logger = init_logger(__name__)
 
 class TierProbe:
-    """Tier-hit tokens and deferrals of waiting requests, by the scheduler's slots.
+    """Tier-hit tokens and deferrals of waiting requests, by the scheduler's tickets.
 
     Attributes:
         weight: the share of a GPU hit one tier token counts as in the order's cached prefix h
@@ -72,8 +72,8 @@ class TierProbe:
         self._end = np.zeros(0, dtype=np.int64)  # chunk after the run
         self._tokens = np.zeros(0, dtype=np.int64)  # tier tokens of the run (0: none)
         self._pending = np.zeros(0, dtype=bool)  # a chunk of the run is pending or uncertain
-        self._seen = np.zeros(0, dtype=bool)  # the slot has a memo
-        self._ends: list[tuple[bytes, ...]] = []  # the keys the slot is indexed under
+        self._seen = np.zeros(0, dtype=bool)  # the ticket has a memo
+        self._ends: list[tuple[bytes, ...]] = []  # the keys the ticket is indexed under
         self._by_key: dict[bytes, set[int]] = {}
         #: Runs scanned in the current lookup: key of the first chunk -> (first chunk, chunk
         #: after the run, key of its last chunk). Chunk keys are chained hashes, so a row whose
@@ -105,10 +105,10 @@ class TierProbe:
             )
             return None
 
-    # --- slots ------------------------------------------------------------------------------------
+    # --- tickets ----------------------------------------------------------------------------------
 
     def resize(self, capacity: int) -> None:
-        """Grow the memo to `capacity` slots (the slot table grew)."""
+        """Grow the memo to `capacity` tickets (the queue table grew)."""
         old = len(self._seen)
         if capacity <= old:
             return
@@ -120,40 +120,40 @@ class TierProbe:
             setattr(self, name, grown)
         self._ends.extend([()] * (capacity - old))
 
-    def forget(self, slot: int) -> None:
-        """The slot's request left the queue."""
-        if slot < len(self._seen):
-            self._seen[slot] = False
-            self._tokens[slot] = 0
-            self._index(slot, ())
+    def forget(self, ticket: int) -> None:
+        """The ticket's request left the queue."""
+        if ticket < len(self._seen):
+            self._seen[ticket] = False
+            self._tokens[ticket] = 0
+            self._index(ticket, ())
 
-    def tokens_of(self, slot: int) -> int:
-        """The slot's tier tokens at its last lookup (0: never looked up)."""
-        if slot >= len(self._seen) or not self._seen[slot]:
+    def tokens_of(self, ticket: int) -> int:
+        """The ticket's tier tokens at its last lookup (0: never looked up)."""
+        if ticket >= len(self._seen) or not self._seen[ticket]:
             return 0
-        return int(self._tokens[slot])
+        return int(self._tokens[ticket])
 
     # --- the queue --------------------------------------------------------------------------------
 
     def lookup(
-        self, requests: Sequence[Request], slots: np.ndarray, gpu_hits: np.ndarray,
-        slot_of: Mapping[Request, int], by_id: Mapping[str, Request],
+        self, requests: Sequence[Request], tickets: np.ndarray, gpu_hits: np.ndarray,
+        ticket_of: Mapping[Request, int], by_id: Mapping[str, Request],
         unprobed: Collection[int] = (),
     ) -> tuple[np.ndarray, np.ndarray]:
         """Tier tokens beyond each row's GPU hit, and which rows the connector would defer now.
 
         Args:
-            requests: the rows' requests (row i is `requests[i]`, slot `slots[i]`).
-            slots: the rows' slots.
+            requests: the rows' requests (row i is `requests[i]`, ticket `tickets[i]`).
+            tickets: the rows' tickets.
             gpu_hits: the rows' GPU prefix hits in tokens (block-granular).
-            slot_of / by_id: slot of a request, request of an id (to find deferred requests).
-            unprobed: slots whose GPU hit is not known yet (no tier lookup for them: their run
+            ticket_of / by_id: ticket of a request, request of an id (to find deferred requests).
+            unprobed: tickets whose GPU hit is not known yet (no tier lookup for them: their run
                 would start at the prompt's first chunk; they get 0 until the GPU probe has them).
         """
-        self.resize(int(slots.max()) + 1 if len(slots) else 0)
+        self.resize(int(tickets.max()) + 1 if len(tickets) else 0)
         check_all = self._read_books()
         starts = gpu_hits // self.chunk_tokens
-        stale = ~self._seen[slots] | (self._start[slots] != starts) | self._pending[slots]
+        stale = ~self._seen[tickets] | (self._start[tickets] != starts) | self._pending[tickets]
         if check_all:
             stale[:] = True
             self._changed.clear()
@@ -162,28 +162,31 @@ class TierProbe:
             affected = [s for key in self._changed if (hit := by_key.get(key)) for s in hit]
             self._changed.clear()
             if affected:
-                stale |= np.isin(slots, np.fromiter(affected, dtype=slots.dtype))
+                stale |= np.isin(tickets, np.fromiter(affected, dtype=tickets.dtype))
         rows = np.flatnonzero(stale)
         if len(rows):
             self._runs = {}  # runs found in this lookup, shared by the rows of one prefix
             skip = set(unprobed)
             for row in rows.tolist():
-                slot = int(slots[row])
-                if slot in skip:
+                ticket = int(tickets[row])
+                if ticket in skip:
                     continue
-                self._refresh(requests[row], slot, int(starts[row]), int(gpu_hits[row]))
-        tokens = self._tokens[slots]
+                self._refresh(requests[row], ticket, int(starts[row]), int(gpu_hits[row]))
+        tokens = self._tokens[tickets]
         if unprobed:
-            tokens = np.where(np.isin(slots, np.fromiter(unprobed, dtype=slots.dtype)), 0, tokens)
-        deferred = self._pending[slots] & (tokens > 0)
+            unseen = np.isin(tickets, np.fromiter(unprobed, dtype=tickets.dtype))
+            tokens = np.where(unseen, 0, tokens)
+        deferred = self._pending[tickets] & (tokens > 0)
         busy = internals.offload_busy_requests(self._tier)
         loading = internals.offload_chunks_being_loaded(self._tier)
-        marked = {slot_of[r] for rid in busy if (r := by_id.get(rid)) is not None and r in slot_of}
+        marked = {
+            ticket_of[r] for rid in busy if (r := by_id.get(rid)) is not None and r in ticket_of
+        }
         if loading:
             by_key = self._by_key
             marked.update(s for key in loading if (hit := by_key.get(key)) for s in hit)
         if marked:
-            deferred |= np.isin(slots, np.fromiter(marked, dtype=slots.dtype)) & (tokens > 0)
+            deferred |= np.isin(tickets, np.fromiter(marked, dtype=tickets.dtype)) & (tokens > 0)
         self.last_tokens = int(tokens.sum())
         self.last_deferred = int(deferred.sum())
         return tokens, deferred
@@ -192,7 +195,7 @@ class TierProbe:
 
     def _read_books(self) -> bool:
         """Collect the keys the connector's jobs changed since the last lookup into `_changed`;
-        True when every slot must be checked (an eviction, a job unseen; a reset clears all)."""
+        True when every ticket must be checked (an eviction, a job unseen; a reset clears all)."""
         tier, manager = self._tier, self._manager
         generation = internals.offload_generation(manager)
         if generation != self._generation:
@@ -224,22 +227,23 @@ class TierProbe:
         self._used = used
         return check_all
 
-    def _refresh(self, request: Request, slot: int, start: int, gpu_hit: int) -> None:
-        """Bring one slot's run up to date: check the ends of the run it had and scan only what
+    def _refresh(self, request: Request, ticket: int, start: int, gpu_hit: int) -> None:
+        """Bring one ticket's run up to date: check the ends of the run it had and scan only what
         moved (all of it while the run had a pending chunk)."""
         known = None
-        if self._seen[slot] and not self._pending[slot] and self._end[slot] > self._start[slot]:
-            known = (int(self._start[slot]), int(self._end[slot]))
+        seen = self._seen[ticket] and not self._pending[ticket]
+        if seen and self._end[ticket] > self._start[ticket]:
+            known = (int(self._start[ticket]), int(self._end[ticket]))
             if not known[0] <= start < known[1] and start > known[0]:
                 known = None  # the GPU hit passed the whole run: scan from it
             elif known[0] < start:
                 known = (start, known[1])  # the GPU hit grew into the run
         end, pending = self._scan(request, start, known, _load_limit(request, gpu_hit,
                                                                     self.chunk_tokens))
-        self._start[slot], self._end[slot], self._pending[slot] = start, end, pending
-        self._tokens[slot] = self._run_tokens(request, gpu_hit, end)
-        self._seen[slot] = True
-        self._index(slot, self._end_keys(request, start, end))
+        self._start[ticket], self._end[ticket], self._pending[ticket] = start, end, pending
+        self._tokens[ticket] = self._run_tokens(request, gpu_hit, end)
+        self._seen[ticket] = True
+        self._index(ticket, self._end_keys(request, start, end))
 
     def _run_tokens(self, request: Request, gpu_hit: int, end: int) -> int:
         """Tokens the connector loads for a run ending at chunk `end` (0 below one chunk)."""
@@ -298,7 +302,7 @@ class TierProbe:
         return i, pending
 
     def _end_keys(self, request: Request, start: int, end: int) -> tuple[bytes, ...]:
-        """The keys whose change can change the slot's run: its first and last chunk and the
+        """The keys whose change can change the ticket's run: its first and last chunk and the
         chunk after it."""
         hashes = request.block_hashes
         stop = len(hashes) // self._per
@@ -311,21 +315,21 @@ class TierProbe:
             keys.append(self._key(hashes, end))
         return tuple(keys)
 
-    def _index(self, slot: int, keys: tuple[bytes, ...]) -> None:
-        """Index the slot under `keys` (replacing its old ones)."""
+    def _index(self, ticket: int, keys: tuple[bytes, ...]) -> None:
+        """Index the ticket under `keys` (replacing its old ones)."""
         by_key = self._by_key
-        old = self._ends[slot]
+        old = self._ends[ticket]
         if old == keys:
             return
         for key in old:
             hit = by_key.get(key)
             if hit is not None:
-                hit.discard(slot)
+                hit.discard(ticket)
                 if not hit:
                     del by_key[key]
         for key in keys:
-            by_key.setdefault(key, set()).add(slot)
-        self._ends[slot] = keys
+            by_key.setdefault(key, set()).add(ticket)
+        self._ends[ticket] = keys
 
 
 def _load_limit(request: Request, gpu_hit: int, chunk_tokens: int) -> int | None:

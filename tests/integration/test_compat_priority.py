@@ -7,7 +7,7 @@
   (`tests/v1/core/test_worker_slot_overflow.py::
   test_reset_prefix_cache_priority_does_not_over_admit_worker_slot`, vLLM 0.32.0), replayed on
   the offline harness, and the same fault reached by vLLM's own preemption after a step Fairway
-  skipped (a stale slot in `QueueSlots._match`, now fixed).
+  skipped (a stale slot in `QueueTable._match`, now fixed).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_priority_builders_and_tables_name_upstream_ids(compat):
     )
 
 
-#: The fault these two tests guard against (fixed in `QueueSlots._match`): a request admitted at
+#: The fault these two tests guard against (fixed in `QueueTable._match`): a request admitted at
 #: step N (its slot released) that vLLM puts back at the head before Fairway arranges the queue
 #: again (reset_prefix_cache(reset_running_requests=True) between steps; or a preemption in step
 #: N+1 when Fairway skipped N+1 for want of a free request slot) made the queue equal to the last

@@ -60,8 +60,9 @@ def test_hit_grows_while_the_prefix_is_prefilled(offline, helpers):
 
 
 def _evicting_node(offline, helpers):
-    """A node with a cached 20-block prefix (returned) and one slot, held by R, a long decode
-    that eats the free queue: the prefix is evicted tail first, and no waiting request starts."""
+    """A node with a cached 20-block prefix (returned) and one request slot, held by R, a long
+    decode that eats the free queue: the prefix is evicted tail first, and no waiting request
+    starts."""
     sched = offline.make_offline_scheduler(
         "lpm", num_blocks=26, max_num_batched_tokens=512, max_num_seqs=1
     )
@@ -130,7 +131,7 @@ def test_probing_changes_nothing_in_vllm(offline, helpers):
     offline.run_until_idle(sched)
     sched.add_request(offline.make_request("R", helpers.tokens(9_000, 16), 2.0, max_tokens=50))
     sched.add_request(offline.make_request("R2", helpers.tokens(8_000, 16), 2.0, max_tokens=50))
-    offline.step(sched)  # R, R2 run and fill both slots: the rest waits
+    offline.step(sched)  # R, R2 run and fill both tickets: the rest waits
     waiting = [
         offline.make_request(f"W{i}", prefix[: 16 * (i + 5)] + helpers.tokens(7_000 + i, 8), 3.0)
         for i in range(10)
@@ -185,7 +186,7 @@ def test_batch_checks_equal_fresh_lookups_on_a_random_workload(offline, helpers)
 
 
 def _full_node(offline, helpers, policy="lpm", num_waiting=10):
-    """Both slots decode for a long time; `num_waiting` requests with distinct hits wait."""
+    """Both tickets decode for a long time; `num_waiting` requests with distinct hits wait."""
     sched = offline.make_offline_scheduler(
         policy, num_blocks=400, max_num_batched_tokens=256, max_num_seqs=2
     )
@@ -208,13 +209,13 @@ def _full_node(offline, helpers, policy="lpm", num_waiting=10):
 
 
 @pytest.mark.parametrize("classify", [False, True])
-def test_a_batch_of_arrivals_takes_the_slots_and_columns_one_by_one_would(classify):
-    """`QueueSlots.add_many` (the probe's batch of noted arrivals) against `add` per request:
-    the same slots in the same order, the same columns, counters and free list, through the
+def test_a_batch_of_arrivals_takes_the_tickets_and_columns_one_by_one_would(classify):
+    """`QueueTable.add_many` (the probe's batch of noted arrivals) against `add` per request:
+    the same tickets in the same order, the same columns, counters and free list, through the
     table's growth, oversized and preempted requests and tenant / priority classes."""
     from vllm.v1.request import RequestStatus
 
-    from fairway.vllm.queue_slots import QueueSlots
+    from fairway.vllm.queue_table import QueueTable
 
     @dataclasses.dataclass(eq=False)
     class Arrival:
@@ -228,22 +229,22 @@ def test_a_batch_of_arrivals_takes_the_slots_and_columns_one_by_one_would(classi
     arrivals = [rng.uniform(0, 9) for _ in batch]
     tokens = [rng.choice((100, 5_000, 9_000)) for _ in batch]
 
-    def table() -> QueueSlots:
-        slots = QueueSlots(max_tokens=8_000,
+    def table() -> QueueTable:
+        tickets = QueueTable(max_tokens=8_000,
                            classify=(lambda r: (r.tenant, r.priority)) if classify else None)
-        for r in batch[:20]:  # some slots taken and some freed first
-            slots.add(r, 0.0, 100)
+        for r in batch[:20]:  # some tickets taken and some freed first
+            tickets.add(r, 0.0, 100)
         for r in batch[:20:3]:
-            slots.remove(slots.slot_of[r])
-        return slots
+            tickets.remove(tickets.ticket_of[r])
+        return tickets
 
     one, many = table(), table()
-    rest = [r for r in batch if r not in one.slot_of]
+    rest = [r for r in batch if r not in one.ticket_of]
     ids = [batch.index(r) for r in rest]
     want = [one.add(r, arrivals[i], tokens[i]) for r, i in zip(rest, ids, strict=True)]
     got = many.add_many(rest, [arrivals[i] for i in ids], [tokens[i] for i in ids])
     assert got == want
-    assert many.slot_of == one.slot_of and many._free == one._free
+    assert many.ticket_of == one.ticket_of and many._free == one._free
     assert (many.num_special, many.num_classified) == (one.num_special, one.num_classified)
     for column in ("_live", "_given", "_arrival", "_prompt", "_tenant", "_priority", "_kind"):
         assert np.array_equal(getattr(many, column), getattr(one, column)), column
@@ -257,7 +258,7 @@ def test_a_burst_is_probed_oldest_first_within_the_budget(offline, helpers):
     mirror.memo.probe_budget = 3
     assert mirror.num_unprobed == 10
     for step_no in range(1, 5):
-        offline.step(sched)  # no slot free: the ordering is skipped, the probe advances
+        offline.step(sched)  # no request slot free: the ordering is skipped, the probe advances
         assert mirror.num_unprobed == max(10 - 3 * step_no, 0)
         for i, request in enumerate(waiting):
             exact = mirror.fresh_cached_tokens(request)
@@ -401,7 +402,7 @@ def test_a_growth_the_walk_cannot_see_is_found_within_full_check_every_steps(off
 def test_moving_a_head_to_the_front_equals_the_permutation(data, n):
     """`arrange`'s list-slice path builds the same queue as indexing by the whole order."""
     from fairway.policies.queue import check_order
-    from fairway.vllm.queue_slots import move_to_front
+    from fairway.vllm.queue_table import move_to_front
 
     head = data.draw(st.lists(st.integers(0, max(0, n - 1)), unique=True, max_size=n))
     head = [i for i in head if i < n]
@@ -641,8 +642,8 @@ def test_a_batch_of_first_lookups_finds_what_one_by_one_finds(offline, helpers):
     arrivals = [r.arrival_time for r in requests]
     tokens = [r.num_tokens for r in requests]
     max_tokens = 8_000
-    for slot, request in enumerate(requests):
-        one.add(request, slot, arrivals[slot], tokens[slot], tokens[slot] > max_tokens)
+    for ticket, request in enumerate(requests):
+        one.add(request, ticket, arrivals[ticket], tokens[ticket], tokens[ticket] > max_tokens)
     many.add_many(requests, list(range(len(requests))), arrivals, tokens, max_tokens)
     assert [h.request for h in many._pending] == [h.request for h in one._pending]
     assert many._pending_sorted == one._pending_sorted is False
@@ -657,11 +658,11 @@ def test_a_batch_of_first_lookups_finds_what_one_by_one_finds(offline, helpers):
             b.blocks, b.next_key, b.last_key, b.probed, b.oversized
         ), a.request.request_id
     for name in ("by_next", "by_last"):
-        ours = {key: sorted(h.slot for h in hits) for key, hits in getattr(many, name).items()}
-        theirs = {key: sorted(h.slot for h in hits) for key, hits in getattr(one, name).items()}
+        ours = {key: sorted(h.ticket for h in hits) for key, hits in getattr(many, name).items()}
+        theirs = {key: sorted(h.ticket for h in hits) for key, hits in getattr(one, name).items()}
         assert ours == theirs, name
     assert many.hints == one.hints and many.num_full_lookups == one.num_full_lookups
-    for slot, request in enumerate(requests):  # and they are vLLM's own hits
-        if slot != 8:
-            assert many.cached_tokens(slot) == many.fresh_cached_tokens(request)
+    for ticket, request in enumerate(requests):  # and they are vLLM's own hits
+        if ticket != 8:
+            assert many.cached_tokens(ticket) == many.fresh_cached_tokens(request)
     assert many.cached[2] == 288 and many.cached[5] == 304 and many.cached[7] == 0

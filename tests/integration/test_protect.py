@@ -143,8 +143,8 @@ def test_the_queue_is_split_only_while_a_request_is_set_apart(offline, helpers):
     offline.step(sched)  # "a" starts; "huge" is finished with an error by the next update
     assert "huge" not in sched.requests
     snap = mirror.snapshot(list(sched.waiting))  # drops the memo of the request that left
-    assert mirror.slots.num_special == 0
+    assert mirror.table.num_special == 0
     assert [r.request_id for r in snap.current] == ["b"]
-    assert not snap.oversized and not snap.fixed and len(snap.ordered_slots) == 1
+    assert not snap.oversized and not snap.fixed and len(snap.ordered_tickets) == 1
     offline.run_until_idle(sched)
     assert not sched.requests

@@ -130,9 +130,9 @@ def test_random_run_with_a_long_queue_orders_by_the_head(
     orders only the scan's head exactly (the rest in row order), and the queue is still exactly
     that order, whether the probe moves the head by list slices (up to `MIN_MOVED` rows in a
     short queue) or rebuilds the queue from the whole order."""
-    from fairway.vllm import queue_slots
+    from fairway.vllm import queue_table
 
-    monkeypatch.setattr(queue_slots, "MIN_MOVED", moved_by_slices)
+    monkeypatch.setattr(queue_table, "MIN_MOVED", moved_by_slices)
     sched = _run(offline, helpers, "fairway", seed=11, async_scheduling=async_scheduling, burst=40)
     assert sched.head_orders > 0
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from fairway.policies import QueuedRequest, get, names
 from fairway.policies.queue import (
     QueueColumns,
-    SlotState,
     Step,
     StepBudget,
+    TicketState,
     check_order,
     check_permutation,
     head_order,
@@ -200,7 +200,7 @@ def test_a_head_order_is_its_head_then_the_other_rows_in_row_order(data, n: int)
 
 
 def test_keyed_state_grows_and_keeps_values() -> None:
-    state = SlotState()
+    state = TicketState()
     assert state.view(np.array([3])).tolist() == [0]
     state.store(np.array([3]), np.array([7]))
     assert state.view(np.array([3, 500])).tolist() == [7, 0]

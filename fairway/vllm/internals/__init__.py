@@ -18,7 +18,7 @@ says which test covers which name):
 * `queues`: the waiting deque Fairway orders, the requests by id, the request slots and how far
   vLLM's scan reaches, vLLM 0.34's cache-aware window. `tests/integration/test_selftest.py`,
   `test_head_order.py`, `test_compat_priority.py`, `test_tenant_metrics.py`,
-  `test_vllm_window.py`; `tests/unit/test_queue_slots.py`.
+  `test_vllm_window.py`; `tests/unit/test_queue_table.py`.
 * `outputs`: what a step started and scheduled, the model runner's answer, request errors.
   `tests/integration/test_selftest.py`, `test_oversized_error.py`, `test_prefill_node.py`,
   `test_sim.py`, `test_metrics_plugin.py`, `test_tenant_metrics.py`.
@@ -48,7 +48,7 @@ objects they and the KV connector API take or return (`Request.request_id` / `ar
 `SchedulerOutput` with its `NewRequestData` / `CachedRequestData`, `EngineCoreOutputs.outputs`),
 the configuration's fields, and the KV cache manager's and block pool's methods
 (`prefix_cache_lookup_enabled`, `get_num_free_blocks`); the per-request loops of `prefix_memo`,
-`queue_slots`, `queue_mirror` and `observe` read those `Request` fields inline.
+`queue_table`, `queue_mirror` and `observe` read those `Request` fields inline.
 
 Imports vLLM only inside the few functions that need its classes, so that modules which only read
 vLLM objects (`calibrate`, `observe`) stay importable without it.

@@ -6,7 +6,7 @@ vLLM's scan can reach; both read the scheduler's own fields. Checked on vLLM 0.3
 
 Tests: the queue's order, `requests_by_id` and `times_preempted`,
 `tests/integration/test_selftest.py` (`_queue_order`, `_request_error`, `_resumed`) and
-`tests/unit/test_queue_slots.py`; the scan's bound, `tests/integration/test_head_order.py`; the
+`tests/unit/test_queue_table.py`; the scan's bound, `tests/integration/test_head_order.py`; the
 priority heap swapped for the deque, `tests/integration/test_compat_priority.py`; tenants,
 `tests/integration/test_tenant_metrics.py`; vLLM 0.34's window,
 `tests/integration/test_vllm_window.py`.
@@ -52,7 +52,7 @@ def move_to_front(queue: FCFSRequestQueue, positions: list[int]) -> None:
 
     One turn of the deque by rotations (pointer copies, n in all) with a pop at each moved
     position: unlike `reorder_queue`, no request but the moved ones is touched (see
-    `queue_slots.MAX_IN_PLACE` for what a touch costs on a big queue).
+    `queue_table.MAX_IN_PLACE` for what a touch costs on a big queue).
     """
     moved = {}
     at = 0  # queue[0] is the request at position `at` of the original order

@@ -1,10 +1,10 @@
-"""The slot table's matching and rearranging against the plain forms they must equal.
+"""The queue table's matching and rearranging against the plain forms they must equal.
 
-`QueueSlots.find` tells each waiting request's slot without a dict lookup per request when the
+`QueueTable.find` tells each waiting request's ticket without a dict lookup per request when the
 queue is the last arranged one with its head admitted and arrivals appended; `arrange` and
 `internals.move_to_front` write a new order into vLLM's deque touching only the moved requests.
 Whatever vLLM did to the queue in between (admissions, requests put back at the head, preempted
-ones, aborts in the middle, arrivals that reuse a freed slot), the slots must be the dict's and
+ones, aborts in the middle, arrivals that reuse a freed ticket), the tickets must be the dict's and
 the deque must hold exactly the new order.
 """
 
@@ -19,11 +19,11 @@ from vllm.v1.request import RequestStatus
 
 from fairway.policies.queue import check_order
 from fairway.vllm import internals
-from fairway.vllm.queue_slots import QueueSlots, move_to_front, move_to_front_in_place
+from fairway.vllm.queue_table import QueueTable, move_to_front, move_to_front_in_place
 
 
 class _Request:
-    """What the slot table reads of a request: its identity and status."""
+    """What the queue table reads of a request: its identity and status."""
 
     def __init__(self, name: str, status: RequestStatus = RequestStatus.WAITING) -> None:
         self.name, self.status = name, status
@@ -45,10 +45,10 @@ _ROUND = st.tuples(
 @settings(max_examples=300, deadline=None)
 @given(start=st.integers(0, 30), rounds=st.lists(_ROUND, min_size=1, max_size=12),
        preempted_first=st.booleans())
-def test_found_slots_are_the_dicts_and_the_deque_holds_the_new_order(
+def test_found_tickets_are_the_dicts_and_the_deque_holds_the_new_order(
     start, rounds, preempted_first
 ) -> None:
-    slots = QueueSlots(max_tokens=1_000, keep_preempted_first=preempted_first)
+    tickets = QueueTable(max_tokens=1_000, keep_preempted_first=preempted_first)
     queue: deque[_Request] = deque()
     names = iter(range(1_000_000))
 
@@ -56,13 +56,13 @@ def test_found_slots_are_the_dicts_and_the_deque_holds_the_new_order(
         for _ in range(count):
             request = _Request(f"r{next(names)}")
             queue.append(request)
-            slots.note_arrival(request, slots.add(request, float(len(slots)), 10))
+            tickets.note_arrival(request, tickets.add(request, float(len(tickets)), 10))
 
     arrive(start)
     for admitted, put_back, aborted, arrivals, moved_ranks, ordered in rounds:
         popped = [queue.popleft() for _ in range(min(admitted, len(queue)))]
         for request in popped:  # admitted: the probe forgets them
-            slots.remove(slots.slot_of[request])
+            tickets.remove(tickets.ticket_of[request])
         for k, request in enumerate(popped[:put_back]):
             if k % 2:
                 request.status = RequestStatus.PREEMPTED
@@ -70,25 +70,25 @@ def test_found_slots_are_the_dicts_and_the_deque_holds_the_new_order(
         for _ in range(min(aborted, len(queue))):
             request = queue[len(queue) // 2]
             queue.remove(request)
-            if request in slots.slot_of:
-                slots.remove(slots.slot_of[request])
-        arrive(arrivals)  # may reuse the slots just freed
+            if request in tickets.ticket_of:
+                tickets.remove(tickets.ticket_of[request])
+        arrive(arrivals)  # may reuse the tickets just freed
 
         current = list(queue)
-        found, unknown = slots.find(current)
-        assert found.tolist() == [slots.slot_of.get(r, -1) for r in current]
+        found, unknown = tickets.find(current)
+        assert found.tolist() == [tickets.ticket_of.get(r, -1) for r in current]
         assert unknown == (-1 in found.tolist())
         for i in np.flatnonzero(found < 0).tolist():  # the probe registers those
-            found[i] = slots.add(current[i], 0.0, 10)
+            found[i] = tickets.add(current[i], 0.0, 10)
         if not ordered:
             continue
-        snap = slots.split(current, found, np.zeros(slots.capacity, dtype=np.int64))
-        n = len(snap.ordered_slots)
+        snap = tickets.split(current, found, np.zeros(tickets.capacity, dtype=np.int64))
+        n = len(snap.ordered_tickets)
         head = list(dict.fromkeys(rank % n for rank in moved_ranks)) if n else []
         order, moved = check_order(head + sorted(set(range(n)) - set(head)), n)
-        new_queue, front = slots.arrange(snap, order, moved)
-        want = [slots._request_of[s] for s in np.concatenate(
-            [snap.fixed_slots, snap.ordered_slots[order], snap.oversized_slots]).tolist()]
+        new_queue, front = tickets.arrange(snap, order, moved)
+        want = [tickets._request_of[s] for s in np.concatenate(
+            [snap.fixed_tickets, snap.ordered_tickets[order], snap.oversized_tickets]).tolist()]
         assert new_queue == want
         if front is not None:
             assert [current[i] for i in front] == want[: len(front)]

@@ -1,13 +1,14 @@
-"""The waiting queue's slot table: its fields as numpy columns by slot, and its rearranging.
+"""The waiting queue's table: its fields as numpy columns by ticket, and its rearranging.
 
-Each waiting request holds a slot (a small integer, reused once it leaves; `QueueColumns.slots`)
-for one stint in the queue. The columns by slot hold what the policies order by (arrival, prompt
-length, whether the policy saw it before); a snapshot gathers them in queue order, so the
-policies order arrays, not per-request Python objects. The cached-prefix column is the memo's
-(`prefix_memo.PrefixMemo.cached`). "Row" is a position in a snapshot's columns, as the policies
-use the word.
+Each waiting request holds a ticket (a small integer, reused once it leaves;
+`QueueColumns.tickets`) for one stint in the queue: the index of its entries in the columns, and of
+its memos (the prefix memo's, the tier probe's). Not vLLM's request slots (`max_num_seqs`). The
+columns by ticket hold what the policies order by (arrival, prompt length, whether the policy saw
+it before); a snapshot gathers them in queue order, so the policies order arrays, not per-request
+Python objects. The cached-prefix column is the memo's (`prefix_memo.PrefixMemo.cached`). "Row" is
+a position in a snapshot's columns, as the policies use the word.
 
-Finding the slots of the queue at each step is a C-level list comparison with the last arranged
+Finding the tickets of the queue at each step is a C-level list comparison with the last arranged
 queue, kept in a list of the table's own and brought up to date in place (`_match_in_place`;
 `_match` when vLLM put requests back at the head; a dict lookup per request when both fail). A new
 order that moves few requests to the front is written by moving just them (`arrange`'s `front`,
@@ -109,9 +110,9 @@ def move_to_front_in_place(queue: list[Request], positions: list[int]) -> None:
     queue[0:0] = moved
 
 
-class QueueSlots:
-    """The slot table of the waiting queue: slot of each registered request, columns by slot,
-    and the last arranged queue (to find the slots of the next step's queue cheaply)."""
+class QueueTable:
+    """The table of the waiting queue: ticket of each registered request, columns by ticket,
+    and the last arranged queue (to find the tickets of the next step's queue cheaply)."""
 
     def __init__(
         self,
@@ -125,24 +126,24 @@ class QueueSlots:
         #: `request -> (tenant code, priority level)`; None: every request is (0, 0), and the
         #: snapshot's columns carry no tenant or priority column (today's single queue).
         self.classify = classify
-        #: Live slots whose tenant or priority is not 0 (the columns are gathered only if any).
+        #: Live tickets whose tenant or priority is not 0 (the columns are gathered only if any).
         self.num_classified = 0
         #: PREEMPTED requests stay at the head in their order (vLLM's rule) instead of ordered.
         self.keep_preempted_first = keep_preempted_first
         #: The snapshot's columns say which rows are plain waiting requests (`QueueColumns.
         #: plain_source`; policies with `reads_plain`): off, no policy pays for the reads.
         self.read_plain = False
-        self.slot_of: dict[Request, int] = {}
+        self.ticket_of: dict[Request, int] = {}
         self._free: list[int] = []
-        # The last arranged queue, its slots, and the requests noted since (see `_match`).
+        # The last arranged queue, its tickets, and the requests noted since (see `_match`).
         self._last_queue: list[Request] | None = None
         #: Whether `_last_queue` is this table's own list (no snapshot reads it), which the next
         #: `_match` and `arrange` may change in place.
         self._last_owned = False
-        self._last_slots = np.zeros(0, dtype=np.intp)
+        self._last_tickets = np.zeros(0, dtype=np.intp)
         self._arrivals: list[Request] = []
-        self._arrival_slots: list[int] = []
-        # Columns by slot.
+        self._arrival_tickets: list[int] = []
+        # Columns by ticket.
         #: Live requests whose kind is not _ORDERED (`split` splits the queue only if any).
         self.num_special = 0
         self._live = np.zeros(0, dtype=bool)
@@ -156,54 +157,54 @@ class QueueSlots:
 
     @property
     def capacity(self) -> int:
-        """Slots the columns hold (free or not)."""
+        """Tickets the columns hold (free or not)."""
         return len(self._live)
 
     def __len__(self) -> int:
-        return len(self.slot_of)
+        return len(self.ticket_of)
 
     def add(self, request: Request, arrival: float, num_tokens: int) -> int:
-        """A slot for a request seen for the first time in this stint."""
+        """A ticket for a request seen for the first time in this stint."""
         if not self._free:
             self._grow()
-        slot = self._free.pop()
-        self.slot_of[request] = slot
-        self._request_of[slot] = request
-        self._live[slot] = True
-        self._given[slot] = False
-        self._arrival[slot] = arrival
-        self._prompt[slot] = num_tokens
+        ticket = self._free.pop()
+        self.ticket_of[request] = ticket
+        self._request_of[ticket] = request
+        self._live[ticket] = True
+        self._given[ticket] = False
+        self._arrival[ticket] = arrival
+        self._prompt[ticket] = num_tokens
         tenant, priority = self.classify(request) if self.classify is not None else (0, 0)
-        self._tenant[slot], self._priority[slot] = tenant, priority
+        self._tenant[ticket], self._priority[ticket] = tenant, priority
         self.num_classified += bool(tenant or priority)
         if num_tokens > self.max_tokens:
-            self._kind[slot] = _OVERSIZED
+            self._kind[ticket] = _OVERSIZED
             self.num_special += 1
-            return slot
+            return ticket
         preempted = self.keep_preempted_first and request.status == RequestStatus.PREEMPTED
-        self._kind[slot] = _FIXED if preempted else _ORDERED
+        self._kind[ticket] = _FIXED if preempted else _ORDERED
         self.num_special += preempted
-        return slot
+        return ticket
 
     def add_many(
         self, requests: list[Request], arrivals: list[float], num_tokens: list[int]
     ) -> list[int]:
         """`add` for each request in turn (requests not registered, each once), in one batch:
-        the same slots, in the same order, and the same columns."""
+        the same tickets, in the same order, and the same columns."""
         free = self._free
-        slots: list[int] = []
+        tickets: list[int] = []
         k = len(requests)
-        while len(slots) < k:  # `add` pops one free slot at a time, growing when none is left
+        while len(tickets) < k:  # `add` pops one free ticket at a time, growing when none is left
             if not free:
                 self._grow()
-            take = min(k - len(slots), len(free))
-            slots.extend(reversed(free[len(free) - take :]))
+            take = min(k - len(tickets), len(free))
+            tickets.extend(reversed(free[len(free) - take :]))
             del free[len(free) - take :]
-        self.slot_of.update(zip(requests, slots, strict=True))
+        self.ticket_of.update(zip(requests, tickets, strict=True))
         request_of = self._request_of
-        for slot, request in zip(slots, requests, strict=True):
-            request_of[slot] = request
-        index = np.array(slots, dtype=np.intp)
+        for ticket, request in zip(tickets, requests, strict=True):
+            request_of[ticket] = request
+        index = np.array(tickets, dtype=np.intp)
         self._live[index] = True
         self._given[index] = False
         self._arrival[index] = arrivals
@@ -224,7 +225,7 @@ class QueueSlots:
             kind[preempted & ~oversized] = _FIXED
         self._kind[index] = kind
         self.num_special += int(np.count_nonzero(kind != _ORDERED))
-        return slots
+        return tickets
 
     def _grow(self) -> None:
         old = len(self._live)
@@ -237,95 +238,95 @@ class QueueSlots:
             grown = np.zeros(new, dtype=column.dtype)
             grown[:old] = column
             setattr(self, name, grown)
-        self._free.extend(range(new - 1, old - 1, -1))  # pop() hands out the lowest slot first
+        self._free.extend(range(new - 1, old - 1, -1))  # pop() hands out the lowest ticket first
 
-    def remove(self, slot: int) -> None:
-        """Free a slot (its request left the queue)."""
-        del self.slot_of[self._request_of[slot]]
-        if self._kind[slot] != _ORDERED:
+    def remove(self, ticket: int) -> None:
+        """Free a ticket (its request left the queue)."""
+        del self.ticket_of[self._request_of[ticket]]
+        if self._kind[ticket] != _ORDERED:
             self.num_special -= 1
-        if self._tenant[slot] or self._priority[slot]:
+        if self._tenant[ticket] or self._priority[ticket]:
             self.num_classified -= 1
-            self._tenant[slot] = self._priority[slot] = 0
-        self._request_of[slot] = None
-        self._live[slot] = False
-        self._free.append(slot)
+            self._tenant[ticket] = self._priority[ticket] = 0
+        self._request_of[ticket] = None
+        self._live[ticket] = False
+        self._free.append(ticket)
 
-    def note_arrival(self, request: Request, slot: int) -> None:
-        """`request` (registered in `slot`) was appended to the queue after the last `arrange`."""
+    def note_arrival(self, request: Request, ticket: int) -> None:
+        """`request` (registered in `ticket`) was appended to the queue after the last `arrange`."""
         self._arrivals.append(request)
-        self._arrival_slots.append(slot)
+        self._arrival_tickets.append(ticket)
 
-    def note_arrivals(self, requests: list[Request], slots: list[int]) -> None:
+    def note_arrivals(self, requests: list[Request], tickets: list[int]) -> None:
         """`note_arrival` for each request in turn."""
         self._arrivals += requests
-        self._arrival_slots += slots
+        self._arrival_tickets += tickets
 
     def forget_order(self) -> None:
-        """Find every slot by lookup next time (a slot of the last queue may be reused)."""
+        """Find every ticket by lookup next time (a ticket of the last queue may be reused)."""
         self._last_queue = None
         self._last_owned = False
 
     def find(self, current: list[Request]) -> tuple[np.ndarray, bool]:
-        """The slot of each request of `current` (-1: not registered), and whether any is -1."""
+        """The ticket of each request of `current` (-1: not registered), and whether any is -1."""
         n = len(current)
         matched = self._match_in_place(current)
         if matched is None:
             self._last_owned = False  # `_last_queue` (if any) is not `current`'s requests
             matched = self._match(current)
         if matched is None:  # the general path: one dict lookup per request
-            slot_get = self.slot_of.get
-            slots = np.array([slot_get(r, -1) for r in current], dtype=np.intp)
-            unknown = bool(n) and slots.min() < 0
+            ticket_get = self.ticket_of.get
+            tickets = np.array([ticket_get(r, -1) for r in current], dtype=np.intp)
+            unknown = bool(n) and tickets.min() < 0
         else:
-            slots, unknown = matched
-        self._arrivals, self._arrival_slots = [], []
-        return slots, unknown
+            tickets, unknown = matched
+        self._arrivals, self._arrival_tickets = [], []
+        return tickets, unknown
 
-    def absent(self, slots: np.ndarray) -> list[int]:
-        """Registered slots not among `slots` (their requests left without being admitted)."""
+    def absent(self, tickets: np.ndarray) -> list[int]:
+        """Registered tickets not among `tickets` (their requests left without being admitted)."""
         present = np.zeros(len(self._live), dtype=bool)
-        present[slots] = True
+        present[tickets] = True
         return np.flatnonzero(self._live & ~present).tolist()
 
-    def split(self, current: list[Request], slots: np.ndarray, cached: np.ndarray,
+    def split(self, current: list[Request], tickets: np.ndarray, cached: np.ndarray,
               deferred: np.ndarray | None = None) -> QueueSnapshot:
         """Split the queue (fixed, ordered, deferred, oversized) and gather the ordered requests'
-        columns; `cached`: hit tokens by slot; `deferred`: True per position of `current` for a
+        columns; `cached`: hit tokens by ticket; `deferred`: True per position of `current` for a
         request vLLM will skip this step (its offload-tier blocks are in flight)."""
-        snap = QueueSnapshot(current=current, slots=slots)
+        snap = QueueSnapshot(current=current, tickets=tickets)
         positions = None  # position in `current` of each ordered row (None: row i is at i)
         # split only when a fixed or oversized request waits (benchmarks/scheduler_overhead.py,
         # admit and busy at 10,000 waiting: splitting anyway took lpm's own step 5-10% longer,
         # 0.29 -> 0.32 ms median)
         if self.num_special or deferred is not None:
-            kind = self._kind[slots]
+            kind = self._kind[tickets]
             if deferred is not None:
                 kind = np.where(deferred & (kind == _ORDERED), _DEFERRED, kind)
                 snap.deferred = [current[i] for i in np.flatnonzero(kind == _DEFERRED).tolist()]
-                snap.deferred_slots = slots[kind == _DEFERRED]
+                snap.deferred_tickets = tickets[kind == _DEFERRED]
             snap.fixed = [current[i] for i in np.flatnonzero(kind == _FIXED).tolist()]
-            snap.fixed_slots = slots[kind == _FIXED]
+            snap.fixed_tickets = tickets[kind == _FIXED]
             snap.oversized = [current[i] for i in np.flatnonzero(kind == _OVERSIZED).tolist()]
-            snap.oversized_slots = slots[kind == _OVERSIZED]
-            if len(snap.fixed_slots) or len(snap.oversized_slots) or len(snap.deferred_slots):
+            snap.oversized_tickets = tickets[kind == _OVERSIZED]
+            if len(snap.fixed_tickets) or len(snap.oversized_tickets) or len(snap.deferred_tickets):
                 positions = np.flatnonzero(kind == _ORDERED)
-                slots = slots[positions]
-        snap.ordered_slots = slots
+                tickets = tickets[positions]
+        snap.ordered_tickets = tickets
         cols = QueueColumns(
-            arrival=self._arrival[slots],
-            prompt_tokens=self._prompt[slots],
-            cached_tokens=cached[slots],
-            slots=slots,
-            new=~self._given[slots],
-            # read later, maybe after admission: from this step's list, not the slot table
+            arrival=self._arrival[tickets],
+            prompt_tokens=self._prompt[tickets],
+            cached_tokens=cached[tickets],
+            tickets=tickets,
+            new=~self._given[tickets],
+            # read later, maybe after admission: from this step's list, not the queue table
             ids_source=partial(_ids_of_rows, current, positions),
-            tenant=self._tenant[slots] if self.num_classified else None,
-            priority=self._priority[slots] if self.num_classified else None,
+            tenant=self._tenant[tickets] if self.num_classified else None,
+            priority=self._priority[tickets] if self.num_classified else None,
             plain_source=partial(_plain_of_rows, current, positions) if self.read_plain else None,
         )
         snap.columns = cols
-        if len(slots):
+        if len(tickets):
             work = cols.remaining  # kept on the columns: the policy reads it too
             snap.work_max, snap.work_min = int(work.max()), int(work.min())
         return snap
@@ -341,23 +342,25 @@ class QueueSlots:
         their positions in `snap.current`, in their new order (`internals.move_to_front` writes
         just that into vLLM's deque); None: the new queue is `snap.current` itself (nothing to
         write) or replaces the deque's contents. The new queue is remembered in a list of this
-        table's own, so that the next `find` can tell the slots of an unchanged queue by one
+        table's own, so that the next `find` can tell the tickets of an unchanged queue by one
         C-level list comparison instead of a dict lookup per request (`_match_in_place`).
         """
-        parts = [snap.ordered_slots[order]]
-        special = len(snap.fixed_slots) or len(snap.oversized_slots) or len(snap.deferred_slots)
+        parts = [snap.ordered_tickets[order]]
+        special = (
+            len(snap.fixed_tickets) or len(snap.oversized_tickets) or len(snap.deferred_tickets)
+        )
         if special:
-            parts = [snap.fixed_slots, parts[0], snap.deferred_slots, snap.oversized_slots]
-        slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            parts = [snap.fixed_tickets, parts[0], snap.deferred_tickets, snap.oversized_tickets]
+        tickets = parts[0] if len(parts) == 1 else np.concatenate(parts)
         # without fixed or oversized requests, row i is `current[i]`, and an order that moves a
         # row (moved > 0) is not the identity: the queue changes
         # `find` left `_last_queue` holding `snap.current`'s requests in its order when it owns it
         kept = self._last_queue if self._last_owned else None
         front: list[int] | None = None
-        if (np.array_equal(slots, snap.slots) if special else moved == 0):
+        if (np.array_equal(tickets, snap.tickets) if special else moved == 0):
             queue = snap.current
             kept = kept if kept is not None else list(queue)  # a snapshot holds `snap.current`
-        elif not special and moved <= max(MIN_MOVED, len(slots) // MOVED_SHARE):
+        elif not special and moved <= max(MIN_MOVED, len(tickets) // MOVED_SHARE):
             front = order[:moved].tolist()
             if kept is not None and moved <= MAX_IN_PLACE:
                 move_to_front_in_place(kept, front)
@@ -365,8 +368,8 @@ class QueueSlots:
                 kept = move_to_front(snap.current, front)
             queue = kept
         else:
-            queue = kept = self._request_of[slots].tolist()
-        self._last_queue, self._last_slots, self._last_owned = kept, slots, True
+            queue = kept = self._request_of[tickets].tolist()
+        self._last_queue, self._last_tickets, self._last_owned = kept, tickets, True
         return queue, front
 
     def _match_in_place(self, current: list[Request]) -> tuple[np.ndarray, bool] | None:
@@ -384,25 +387,25 @@ class QueueSlots:
         if not 0 <= start < len(last):
             return None
         head = last[start]
-        # a request that left (its slot freed, maybe reused) and came back to the head is not
+        # a request that left (its ticket freed, maybe reused) and came back to the head is not
         # the one the last queue held there (see `_match`)
-        if current[0] is not head or self.slot_of.get(head) != self._last_slots[start]:
+        if current[0] is not head or self.ticket_of.get(head) != self._last_tickets[start]:
             return None
         del last[:start]
         last += arrivals
         if last != current:
             self.forget_order()
             return None
-        slots = np.concatenate(
-            [self._last_slots[start:], np.array(self._arrival_slots, dtype=np.intp)]
+        tickets = np.concatenate(
+            [self._last_tickets[start:], np.array(self._arrival_tickets, dtype=np.intp)]
         )
-        self._last_slots = slots  # the kept list's slots, whether or not `arrange` follows
-        return slots, False
+        self._last_tickets = tickets  # the kept list's tickets, whether or not `arrange` follows
+        return tickets, False
 
     def _match(self, current: list[Request]) -> tuple[np.ndarray, bool] | None:
-        """Slots of `current` if it is the last arranged queue with its head consumed, a few
+        """Tickets of `current` if it is the last arranged queue with its head consumed, a few
         requests put back at the head (skipped, preempted) and the noted arrivals at the end;
-        and whether a slot is -1 (a request at the head not registered).
+        and whether a ticket is -1 (a request at the head not registered).
 
         Wins every admit and busy case of benchmarks/scheduler_overhead.py: with a dict lookup
         per request instead, Fairway's own step took 57-60% longer at 10,000 waiting (fairway
@@ -424,25 +427,25 @@ class QueueSlots:
             split = start - last_len  # where the tail starts within the arrivals, if >= 0
             if current[head] is not (last[start] if split < 0 else arrivals[split]):
                 continue
-            if split < 0 and self.slot_of.get(last[start]) != self._last_slots[start]:
-                # it left (its slot freed, maybe reused) and came back to the head: vLLM's
+            if split < 0 and self.ticket_of.get(last[start]) != self._last_tickets[start]:
+                # it left (its ticket freed, maybe reused) and came back to the head: vLLM's
                 # preemption or a prefix-cache reset; found by make_compat's priority tests
                 continue
             if not _equal_tail(current, head, last, start, arrivals, split):
                 continue
-            slot_get = self.slot_of.get
-            heads = [slot_get(r, -1) for r in current[:head]]
+            ticket_get = self.ticket_of.get
+            heads = [ticket_get(r, -1) for r in current[:head]]
             parts = [
                 np.array(heads, dtype=np.intp),
-                self._last_slots[min(start, last_len) :],
-                np.array(self._arrival_slots[max(split, 0) :], dtype=np.intp),
+                self._last_tickets[min(start, last_len) :],
+                np.array(self._arrival_tickets[max(split, 0) :], dtype=np.intp),
             ]
             return np.concatenate(parts), -1 in heads
         return None
 
-    def prompt_of(self, slots: np.ndarray) -> np.ndarray:
-        """Prompt tokens (L) of the requests in `slots`."""
-        return self._prompt[slots]
+    def prompt_of(self, tickets: np.ndarray) -> np.ndarray:
+        """Prompt tokens (L) of the requests in `tickets`."""
+        return self._prompt[tickets]
 
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""
@@ -450,12 +453,12 @@ class QueueSlots:
         return float(live.min()) if len(live) else float("inf")
 
     def mark_given(self, cols: QueueColumns) -> None:
-        """The policy ordered these requests (`cols.slots`): no longer new to it."""
-        self._given[cols.slots] = True
+        """The policy ordered these requests (`cols.tickets`): no longer new to it."""
+        self._given[cols.tickets] = True
 
 
 
-def _no_slots() -> np.ndarray:
+def _no_tickets() -> np.ndarray:
     return np.zeros(0, dtype=np.intp)
 
 
@@ -464,30 +467,30 @@ class QueueSnapshot:
     """The waiting queue split for one ordering step (every request in exactly one part).
 
     The new queue is fixed, then the ordered rows in the policy's order, then oversized
-    (`QueueSlots.arrange`).
+    (`QueueTable.arrange`).
     """
 
-    #: The queue in its current order and the slot of each request.
+    #: The queue in its current order and the ticket of each request.
     current: list[Request] = field(default_factory=list)
-    slots: np.ndarray = field(default_factory=_no_slots)
-    #: Preempted requests kept at the head in their current order (vLLM's rule), and their slots.
+    tickets: np.ndarray = field(default_factory=_no_tickets)
+    #: Preempted requests kept at the head in their current order (vLLM's rule), and their tickets.
     fixed: list[Request] = field(default_factory=list)
-    fixed_slots: np.ndarray = field(default_factory=_no_slots)
-    #: Slots of the requests the policy orders; row i of `columns` is `ordered_slots[i]`.
-    ordered_slots: np.ndarray = field(default_factory=_no_slots)
+    fixed_tickets: np.ndarray = field(default_factory=_no_tickets)
+    #: Tickets of the requests the policy orders; row i of `columns` is `ordered_tickets[i]`.
+    ordered_tickets: np.ndarray = field(default_factory=_no_tickets)
     columns: QueueColumns | None = None
     #: Requests vLLM's KV connector will skip this step (their offload-tier blocks are in
-    #: flight), kept behind the ordered ones so that no plan counts on them, and their slots.
+    #: flight), kept behind the ordered ones so that no plan counts on them, and their tickets.
     deferred: list[Request] = field(default_factory=list)
-    deferred_slots: np.ndarray = field(default_factory=_no_slots)
-    #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their slots.
+    deferred_tickets: np.ndarray = field(default_factory=_no_tickets)
+    #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their tickets.
     oversized: list[Request] = field(default_factory=list)
-    oversized_slots: np.ndarray = field(default_factory=_no_slots)
+    oversized_tickets: np.ndarray = field(default_factory=_no_tickets)
     #: Largest / smallest uncached work among the ordered requests (tokens; 0 when none).
     work_max: int = 0
     work_min: int = 0
 
     @property
     def num_fixed(self) -> int:
-        return len(self.fixed_slots)
+        return len(self.fixed_tickets)
 
