@@ -47,7 +47,7 @@ class OrderedStep:
     for the after-step bookkeeping and the observer."""
 
     queue: list[Request]  # the new order of the waiting queue
-    num_fixed: int  # preempted requests kept at the head
+    num_fixed: int  # preempted requests kept at the front
     num_ordered: int  # requests the policy ordered, right after the fixed ones
     lanes: Sequence[str] | None  # lane per ordered position (Fairway), None: one lane
     #: Positions (in the queue as it was) of the requests moved to its front, in their new
@@ -421,7 +421,7 @@ class StepPrepass:
     def admitted(self, output: SchedulerOutput, ordered: OrderedStep) -> list[Request]:
         """Requests admitted from our order, in admission order; counts them by lane.
 
-        vLLM pops admitted requests from the head and puts skipped ones back at the head, so the
+        vLLM pops admitted requests from the front and puts skipped ones back there, so the
         admitted ones lie within the first (scheduled + skipped) positions of our order. One
         admitted past an exact head (vLLM skipped more than `internals.scan_bound` foresaw) was
         placed by no lane and is not counted.

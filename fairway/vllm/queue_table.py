@@ -10,7 +10,7 @@ a position in a snapshot's columns, as the policies use the word.
 
 Finding the tickets of the queue at each step is a C-level list comparison with the last arranged
 queue, kept in a list of the table's own and brought up to date in place (`_match_in_place`;
-`_match` when vLLM put requests back at the head; a dict lookup per request when both fail). A new
+`_match` when vLLM put requests back at the front; a dict lookup per request when both fail). A new
 order that moves few requests to the front is written by moving just them (`arrange`'s `front`,
 `internals.move_to_front`): on a big queue, touching every request costs a cache miss each.
 """
@@ -29,10 +29,10 @@ from fairway.policies.queue import QueueColumns
 from fairway.vllm import internals
 
 _ORDERED, _FIXED, _OVERSIZED, _DEFERRED = 0, 1, 2, 3
-#: Requests vLLM may have put back at the head of the queue that `_match` looks past (a bound on
+#: Requests vLLM may have put back at the front of the queue that `_match` looks past (a bound on
 #: its search; no case of benchmarks/scheduler_overhead.py puts requests back: 0 and 256 measure
 #: the same there).
-_MAX_HEAD = 256
+_MAX_PUT_BACK = 256
 #: `arrange` rebuilds the queue by list slices (one per moved row) when at most
 #: max(MIN_MOVED, n / MOVED_SHARE) rows moved to the front, else by one gather of all n rows:
 #: measured on CPython 3.11 and numpy 2, the two cost the same near n / 20 moved rows. Wins
@@ -73,17 +73,17 @@ def _plain_of_rows(current: list[Request], positions: np.ndarray | None, rows: n
 
 
 def _equal_tail(
-    current: list[Request], head: int, last: list[Request], start: int, arrivals: list[Request],
-    split: int,
+    current: list[Request], num_back: int, last: list[Request], start: int,
+    arrivals: list[Request], split: int,
 ) -> bool:
-    """Whether `current[head:]` is `last[start:]` followed by `arrivals` (from `arrivals[split]`
-    when split >= 0). Identity-first list comparisons (C loops); a side that is a whole list is
-    compared without copying it."""
+    """Whether `current[num_back:]` is `last[start:]` followed by `arrivals` (from
+    `arrivals[split]` when split >= 0). Identity-first list comparisons (C loops); a side that
+    is a whole list is compared without copying it."""
     if split >= 0:
-        return current[head:] == arrivals[split:]
+        return current[num_back:] == arrivals[split:]
     kept = len(last) - start
-    end = head + kept
-    ours = current if head == 0 and end == len(current) else current[head:end]
+    end = num_back + kept
+    ours = current if num_back == 0 and end == len(current) else current[num_back:end]
     if ours != (last if start == 0 else last[start:]):
         return False
     return len(current) == end + len(arrivals) and current[end:] == arrivals
@@ -128,7 +128,7 @@ class QueueTable:
         self.classify = classify
         #: Live tickets whose tenant or priority is not 0 (the columns are gathered only if any).
         self.num_classified = 0
-        #: PREEMPTED requests stay at the head in their order (vLLM's rule) instead of ordered.
+        #: PREEMPTED requests stay at the front in their order (vLLM's rule) instead of ordered.
         self.keep_preempted_first = keep_preempted_first
         #: The snapshot's columns say which rows are plain waiting requests (`QueueColumns.
         #: plain_source`; policies with `reads_plain`): off, no policy pays for the reads.
@@ -386,10 +386,10 @@ class QueueTable:
         start = len(last) + len(arrivals) - len(current)
         if not 0 <= start < len(last):
             return None
-        head = last[start]
-        # a request that left (its ticket freed, maybe reused) and came back to the head is not
+        first = last[start]
+        # a request that left (its ticket freed, maybe reused) and came back to the front is not
         # the one the last queue held there (see `_match`)
-        if current[0] is not head or self.ticket_of.get(head) != self._last_tickets[start]:
+        if current[0] is not first or self.ticket_of.get(first) != self._last_tickets[start]:
             return None
         del last[:start]
         last += arrivals
@@ -403,9 +403,9 @@ class QueueTable:
         return tickets, False
 
     def _match(self, current: list[Request]) -> tuple[np.ndarray, bool] | None:
-        """Tickets of `current` if it is the last arranged queue with its head consumed, a few
-        requests put back at the head (skipped, preempted) and the noted arrivals at the end;
-        and whether a ticket is -1 (a request at the head not registered).
+        """Tickets of `current` if it is the last arranged queue with its front consumed, a few
+        requests put back at the front (skipped, preempted) and the noted arrivals at the end;
+        and whether a ticket is -1 (a request put back not registered).
 
         Wins every admit and busy case of benchmarks/scheduler_overhead.py: with a dict lookup
         per request instead, Fairway's own step took 57-60% longer at 10,000 waiting (fairway
@@ -417,30 +417,30 @@ class QueueTable:
         last_len = len(last)
         expected = last_len + len(arrivals)
         n = len(current)
-        for head in range(min(n, _MAX_HEAD) + 1):
-            tail = n - head
+        for num_back in range(min(n, _MAX_PUT_BACK) + 1):
+            tail = n - num_back
             if tail > expected:
                 continue
             start = expected - tail
             if tail == 0:
                 break
             split = start - last_len  # where the tail starts within the arrivals, if >= 0
-            if current[head] is not (last[start] if split < 0 else arrivals[split]):
+            if current[num_back] is not (last[start] if split < 0 else arrivals[split]):
                 continue
             if split < 0 and self.ticket_of.get(last[start]) != self._last_tickets[start]:
-                # it left (its ticket freed, maybe reused) and came back to the head: vLLM's
+                # it left (its ticket freed, maybe reused) and came back to the front: vLLM's
                 # preemption or a prefix-cache reset; found by make_compat's priority tests
                 continue
-            if not _equal_tail(current, head, last, start, arrivals, split):
+            if not _equal_tail(current, num_back, last, start, arrivals, split):
                 continue
             ticket_get = self.ticket_of.get
-            heads = [ticket_get(r, -1) for r in current[:head]]
+            put_back = [ticket_get(r, -1) for r in current[:num_back]]
             parts = [
-                np.array(heads, dtype=np.intp),
+                np.array(put_back, dtype=np.intp),
                 self._last_tickets[min(start, last_len) :],
                 np.array(self._arrival_tickets[max(split, 0) :], dtype=np.intp),
             ]
-            return np.concatenate(parts), -1 in heads
+            return np.concatenate(parts), -1 in put_back
         return None
 
     def prompt_of(self, tickets: np.ndarray) -> np.ndarray:
@@ -473,7 +473,8 @@ class QueueSnapshot:
     #: The queue in its current order and the ticket of each request.
     current: list[Request] = field(default_factory=list)
     tickets: np.ndarray = field(default_factory=_no_tickets)
-    #: Preempted requests kept at the head in their current order (vLLM's rule), and their tickets.
+    #: Preempted requests kept at the front in their current order (vLLM's rule), and their
+    #: tickets.
     fixed: list[Request] = field(default_factory=list)
     fixed_tickets: np.ndarray = field(default_factory=_no_tickets)
     #: Tickets of the requests the policy orders; row i of `columns` is `ordered_tickets[i]`.
