@@ -121,49 +121,44 @@ class FairwayStats:
 
     def reset(self) -> None:
         """Zero the counts since the last take, in place (every step: no new objects)."""
-        self.steps_ordered = self.policy_fallbacks = 0
-        self.oversized_rejected = self.protected_blocks = 0
-        placed, lane_tokens = self.placed, self.lane_prefill_tokens
-        for lane in placed:
-            placed[lane] = 0
-        for lane in lane_tokens:
-            lane_tokens[lane] = 0
-        tenant_tokens = self.tenant_prefill_tokens
-        for tenant in tenant_tokens:
-            tenant_tokens[tenant] = 0
+        for name in _COUNTS:
+            setattr(self, name, 0)
+        for name in _TALLIES:
+            tally = getattr(self, name)
+            for key in tally:
+                tally[key] = 0
+        for name in _LATEST:
+            setattr(self, name, None)
         self.prepass_s.clear()
-        self.oldest_waiting_age_s = None
-        self.tenant_waiting = None
-        self.tier_waiting_tokens = self.tier_deferred = None
-        self.tier_admitted_tokens = 0
 
     def add(self, other: FairwayStats) -> None:
-        """Accumulate `other` into this object (running totals for tests and the replay)."""
-        self.steps_ordered += other.steps_ordered
-        self.policy_fallbacks += other.policy_fallbacks
-        self.oversized_rejected += other.oversized_rejected
-        self.protected_blocks += other.protected_blocks
-        for lane, n in other.placed.items():
-            self.placed[lane] = self.placed.get(lane, 0) + n
-        for lane, n in other.lane_prefill_tokens.items():
-            self.lane_prefill_tokens[lane] = self.lane_prefill_tokens.get(lane, 0) + n
-        if other.oldest_waiting_age_s is not None:
-            self.oldest_waiting_age_s = other.oldest_waiting_age_s
-        for tenant, n in other.tenant_prefill_tokens.items():
-            self.tenant_prefill_tokens[tenant] = self.tenant_prefill_tokens.get(tenant, 0) + n
-        if other.tenant_waiting is not None:
-            self.tenant_waiting = dict(other.tenant_waiting)
+        """Accumulate `other` into this object (running totals for tests and the replay): counts
+        and tallies add up, the latest values are the last ones set."""
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in _TALLIES:
+            tally = getattr(self, name)
+            for key, n in getattr(other, name).items():
+                tally[key] = tally.get(key, 0) + n
+        for name in _LATEST:
+            value = getattr(other, name)
+            if value is not None:
+                setattr(self, name, value)
         self.prepass_total_s += other.prepass_total_s + sum(other.prepass_s)
         self.prepass_count += other.prepass_count + len(other.prepass_s)
-        if other.queue_work_max_tokens is not None:
-            self.queue_work_max_tokens = other.queue_work_max_tokens
-            self.queue_work_min_tokens = other.queue_work_min_tokens
-        if other.tier_waiting_tokens is not None:
-            self.tier_waiting_tokens = other.tier_waiting_tokens
-            self.tier_deferred = other.tier_deferred
-        self.tier_admitted_tokens += other.tier_admitted_tokens
 
 
+#: `FairwayStats` fields by how a step's value joins the totals: counts add up, tallies (dicts of
+#: counts) add up key by key, the latest values (None: not measured in the step) replace.
+_COUNTS = (
+    "steps_ordered", "policy_fallbacks", "oversized_rejected", "protected_blocks",
+    "tier_admitted_tokens",
+)
+_TALLIES = ("placed", "lane_prefill_tokens", "tenant_prefill_tokens")
+_LATEST = (
+    "oldest_waiting_age_s", "queue_work_max_tokens", "queue_work_min_tokens", "tenant_waiting",
+    "tier_waiting_tokens", "tier_deferred",
+)
 _STATS_FIELDS = tuple(f.name for f in fields(FairwayStats))
 _collectors: dict[str, Any] | None = None
 
@@ -262,37 +257,43 @@ class FairwayMetrics:
         series = collectors()
         labels = (model_name, engine, policy)
         self.labels = dict(zip(LABELS, labels, strict=True))
-        self._steps = series["steps"].labels(*labels)
-        self._fallbacks = series["fallbacks"].labels(*labels)
-        self._oversized = series["oversized"].labels(*labels)
-        self._protected = series["protected"].labels(*labels)
-        self._prepass = series["prepass"].labels(*labels)
-        self._work_max = series["work_max"].labels(*labels)
-        self._work_min = series["work_min"].labels(*labels)
-        self._placed = {lane: series["placed"].labels(*labels, lane) for lane in LANES}
-        self._lane_tokens = {
-            lane: series["lane_tokens"].labels(*labels, lane) for lane in PLAN_LANES
+        #: The series each `FairwayStats` field feeds: counters by count, counters by tally key,
+        #: gauges by latest value (the offload tier's join them in `enable_tier`).
+        self._counts = {
+            name: series[key].labels(*labels)
+            for name, key in (("steps_ordered", "steps"), ("policy_fallbacks", "fallbacks"),
+                              ("oversized_rejected", "oversized"),
+                              ("protected_blocks", "protected"))
         }
-        self._oldest_age = series["oldest_age"].labels(*labels)
-        # Create every series at 0 so that a scrape shows them before the first request.
-        for counter in (self._steps, self._fallbacks, self._oversized, self._protected):
-            counter.inc(0)
-        for counter in (*self._placed.values(), *self._lane_tokens.values()):
+        self._tallies = {
+            "placed": {lane: series["placed"].labels(*labels, lane) for lane in LANES},
+            "lane_prefill_tokens": {
+                lane: series["lane_tokens"].labels(*labels, lane) for lane in PLAN_LANES
+            },
+        }
+        self._latest = {
+            name: series[key].labels(*labels)
+            for name, key in (("oldest_waiting_age_s", "oldest_age"),
+                              ("queue_work_max_tokens", "work_max"),
+                              ("queue_work_min_tokens", "work_min"))
+        }
+        self._prepass = series["prepass"].labels(*labels)
+        # Create every counter at 0 so that a scrape shows them before the first request.
+        for counter in (*self._counts.values(), *self._tallies["placed"].values(),
+                        *self._tallies["lane_prefill_tokens"].values()):
             counter.inc(0)
         #: The per-tenant series (None: no tenants configured; see `enable_tenants`).
         self.tenants: TenantMetrics | None = None
-        #: The offload-tier series (None: no tier; see `enable_tier`).
-        self._tier: tuple[Any, Any, Any] | None = None
 
     def enable_tier(self) -> None:
         """Create the offload-tier series (a scheduler with a tier it can read)."""
-        if self._tier is None:
+        if "tier_admitted_tokens" not in self._counts:
             series = collectors()
             labels = tuple(self.labels.values())
-            self._tier = (series["tier_waiting"].labels(*labels),
-                          series["tier_deferred"].labels(*labels),
-                          series["tier_admitted"].labels(*labels))
-            self._tier[2].inc(0)
+            self._latest["tier_waiting_tokens"] = series["tier_waiting"].labels(*labels)
+            self._latest["tier_deferred"] = series["tier_deferred"].labels(*labels)
+            self._counts["tier_admitted_tokens"] = series["tier_admitted"].labels(*labels)
+            self._counts["tier_admitted_tokens"].inc(0)
 
     def enable_tenants(self, table: TenantTable) -> TenantMetrics | None:
         """Create the per-tenant series of `table`'s labels (nothing when it lists no tenant)."""
@@ -302,35 +303,22 @@ class FairwayMetrics:
 
     def record(self, stats: FairwayStats) -> None:
         """Add one drained `FairwayStats` to the series."""
-        if stats.steps_ordered:
-            self._steps.inc(stats.steps_ordered)
-        if stats.policy_fallbacks:
-            self._fallbacks.inc(stats.policy_fallbacks)
-        if stats.oversized_rejected:
-            self._oversized.inc(stats.oversized_rejected)
-        if stats.protected_blocks:
-            self._protected.inc(stats.protected_blocks)
-        for lane, n in stats.placed.items():
+        for name, counter in self._counts.items():
+            n = getattr(stats, name)
             if n:
-                self._placed[lane].inc(n)
-        for lane, n in stats.lane_prefill_tokens.items():
-            if n:
-                self._lane_tokens[lane].inc(n)
-        if stats.oldest_waiting_age_s is not None:
-            self._oldest_age.set(stats.oldest_waiting_age_s)
+                counter.inc(n)
+        for name, counters in self._tallies.items():
+            for key, n in getattr(stats, name).items():
+                if n:
+                    counters[key].inc(n)
+        for name, gauge in self._latest.items():
+            value = getattr(stats, name)
+            if value is not None:
+                gauge.set(value)
         for seconds in stats.prepass_s:
             self._prepass.observe(seconds)
-        if stats.queue_work_max_tokens is not None:
-            self._work_max.set(stats.queue_work_max_tokens)
-            self._work_min.set(stats.queue_work_min_tokens or 0)
         if self.tenants is not None:
             self.tenants.record(stats.tenant_prefill_tokens, stats.tenant_waiting)
-        if self._tier is not None:
-            if stats.tier_waiting_tokens is not None:
-                self._tier[0].set(stats.tier_waiting_tokens)
-                self._tier[1].set(stats.tier_deferred or 0)
-            if stats.tier_admitted_tokens:
-                self._tier[2].inc(stats.tier_admitted_tokens)
 
 
 # --- queue time and TTFT by cache hit/miss and lane -----------------------------------------------
