@@ -25,8 +25,10 @@ from fairway.policies.lanes import FAIR
 from fairway.policies.queue import (
     UNPLACED_LANE,
     Ordering,
+    PrefillingRequest,
     QueueColumns,
     Step,
+    StepBudget,
     StepPlan,
     check_order,
 )
@@ -221,7 +223,9 @@ class StepPrepass:
         if tier is not None:
             stats.tier_waiting_tokens, stats.tier_deferred = tier.last_tokens, tier.last_deferred
         if n:
-            stats.queue_work_max_tokens, stats.queue_work_min_tokens = snap.work_max, snap.work_min
+            work = cols.remaining
+            stats.queue_work_max_tokens = int(work.max())
+            stats.queue_work_min_tokens = int(work.min())
             oldest = cols.arrival.item(cols.oldest_row)
             stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
         return OrderedStep(queue, snap.num_fixed, n, lanes, front)
@@ -234,30 +238,22 @@ class StepPrepass:
         The one call of the policy: `Step` says how far vLLM's scan reaches and, for a policy
         that plans steps, the step's budget and running prefills. A policy that does not plan
         steps is not asked when nothing is orderable."""
-        now = self.clock()
-        weights = self.tenant_weights
-        usage, num_ahead = internals.kv_usage(self.scheduler), len(ahead)
-        if not self.plans:
-            if not len(waiting):
-                return Ordering([])
-            head = internals.scan_bound(self.scheduler) if self.head_only else None
-            step = Step(now, head, tenant_weights=weights, kv_usage=usage, num_ahead=num_ahead)
-            return by_level(self.policy.ordering(waiting, step), waiting)
-        prefilling, decode_tokens = internals.running_prefills(
-            self.scheduler, self.mirror.table.classify
+        sched, mirror = self.scheduler, self.mirror
+        budget: StepBudget | None = None
+        prefilling: Sequence[PrefillingRequest] = ()
+        if self.plans:
+            prefilling, decode_tokens = internals.running_prefills(sched, mirror.table.classify)
+            work = [r.num_tokens - mirror.cached_tokens(r) for r in ahead]
+            budget = step_plan.step_budget(sched, decode_tokens, ahead, work)
+        elif not len(waiting):
+            return Ordering([])
+        step = Step(
+            self.clock(), internals.scan_bound(sched) if self.head_only else None, budget,
+            prefilling, self.tenant_weights, internals.kv_usage(sched), len(ahead),
         )
-        firsts = [(r.request_id, r.num_tokens - self.mirror.cached_tokens(r)) for r in ahead]
-        free = internals.free_slots(self.scheduler)
-        head = internals.scan_bound(self.scheduler, free) if self.head_only else None
-        budget = step_plan.step_budget(self.scheduler, decode_tokens, firsts, free)
-        ordering = by_level(
-            self.policy.ordering(
-                waiting, Step(now, head, budget, prefilling, tenant_weights=weights,
-                              kv_usage=usage, num_ahead=num_ahead),
-            ),
-            waiting,
-        )
-        self.step_plan = self.last_plan = ordering.plan
+        ordering = by_level(self.policy.ordering(waiting, step), waiting)
+        if self.plans:
+            self.step_plan = self.last_plan = ordering.plan
         return ordering
 
     def apply_plan(self, ordered: OrderedStep | None) -> step_plan.PlanUndo | None:
@@ -277,21 +273,6 @@ class StepPrepass:
             self.step_plan = None
             self.fallback(exc, "applying the step plan", "vLLM's split is kept")
             return None
-
-    def book_plan(self, output: SchedulerOutput, admitted_ids: list[str]) -> dict[str, int]:
-        """Give the policy the prefill tokens vLLM scheduled per request; count them by lane.
-        Returns them (request id -> prefill tokens)."""
-        plan = self.step_plan
-        assert plan is not None
-        by_request = internals.prefill_by_request(self.scheduler, output)
-        total = sum(by_request.values())
-        self.policy.on_step_end(admitted_ids, total, prefill_by_request=by_request)
-        lanes = plan.lanes
-        fair = sum(n for rid, n in by_request.items() if lanes.get(rid) == FAIR)
-        lane_tokens = self.stats.lane_prefill_tokens
-        lane_tokens["fair"] += fair
-        lane_tokens["fast"] += total - fair
-        return by_request
 
     def book_tenants(
         self, labels: TenantLabels, output: SchedulerOutput, by_request: dict[str, int] | None
@@ -393,19 +374,22 @@ class StepPrepass:
                 if self.mirror.tier is not None:
                     stats.tier_admitted_tokens += self.mirror.tier_tokens_of(leaving)
                 self.mirror.forget(leaving)
-            admitted: list[Request] = []
             if self.ran:
                 stats.prepass_s.append(prepass_s)
-            if ordered is not None:
-                admitted = self.admitted(output, ordered)
-            elif not self.ran:
+            elif ordered is None:
                 stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
-            admitted_ids = [r.request_id for r in admitted]
-            if self.step_plan is not None:
-                by_request = self.book_plan(output, admitted_ids)
+            admitted = self.admitted(output, ordered) if ordered is not None else []
+            plan = self.step_plan
+            if plan is not None:  # the policy books its ledgers; the tokens are counted by lane
+                by_request = internals.prefill_by_request(self.scheduler, output)
+                total = sum(by_request.values())
+                self.policy.on_step_end(admitted, total, prefill_by_request=by_request)
+                fair = sum(n for rid, n in by_request.items() if plan.lanes.get(rid) == FAIR)
+                stats.lane_prefill_tokens["fair"] += fair
+                stats.lane_prefill_tokens["fast"] += total - fair
             elif ordered is not None:
                 prefill = internals.prefill_tokens(self.scheduler, output)
-                self.policy.on_step_end(admitted_ids, prefill)
+                self.policy.on_step_end(admitted, prefill)
             self.trim()
         except Exception as exc:  # noqa: BLE001
             self.fallback(exc, "finishing the step", "the step's output is unchanged")
@@ -418,8 +402,8 @@ class StepPrepass:
             self.totals.add(stats)
             stats.reset()
 
-    def admitted(self, output: SchedulerOutput, ordered: OrderedStep) -> list[Request]:
-        """Requests admitted from our order, in admission order; counts them by lane.
+    def admitted(self, output: SchedulerOutput, ordered: OrderedStep) -> list[str]:
+        """Ids of the requests admitted from our order, in admission order; counts them by lane.
 
         vLLM pops admitted requests from the front and puts skipped ones back there, so the
         admitted ones lie within the first (scheduled + skipped) positions of our order. One
@@ -430,17 +414,18 @@ class StepPrepass:
         if not scheduled:
             return []
         limit = len(scheduled) + internals.deferred_count(self.scheduler)
-        admitted: list[Request] = []
+        admitted: list[str] = []
         placed_counts = self.stats.placed
         admitted_lanes = ordered.admitted_lanes
         for k, request in enumerate(ordered.queue[:limit]):
-            if request.request_id not in scheduled:
+            request_id = request.request_id
+            if request_id not in scheduled:
                 continue
-            admitted.append(request)
+            admitted.append(request_id)
             ordered_pos = k - ordered.num_fixed
             if 0 <= ordered_pos < ordered.num_ordered:  # not preempted-first, not oversized
                 lane = ordered.lanes[ordered_pos] if ordered.lanes is not None else "single"
-                admitted_lanes[request.request_id] = lane
+                admitted_lanes[request_id] = lane
                 if lane != UNPLACED_LANE:  # past the ordered head: no lane placed it
                     placed_counts[lane] = placed_counts.get(lane, 0) + 1
         return admitted

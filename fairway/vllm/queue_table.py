@@ -326,9 +326,6 @@ class QueueTable:
             plain_source=partial(_plain_of_rows, current, positions) if self.read_plain else None,
         )
         snap.columns = cols
-        if len(tickets):
-            work = cols.remaining  # kept on the columns: the policy reads it too
-            snap.work_max, snap.work_min = int(work.max()), int(work.min())
         return snap
 
     def arrange(
@@ -487,9 +484,6 @@ class QueueSnapshot:
     #: Requests that cannot fit in an empty KV cache (kept behind everyone else), and their tickets.
     oversized: list[Request] = field(default_factory=list)
     oversized_tickets: np.ndarray = field(default_factory=_no_tickets)
-    #: Largest / smallest uncached work among the ordered requests (tokens; 0 when none).
-    work_max: int = 0
-    work_min: int = 0
 
     @property
     def num_fixed(self) -> int:

@@ -37,19 +37,15 @@ if TYPE_CHECKING:
 
 
 def step_budget(
-    scheduler: Scheduler,
-    decode_tokens: int,
-    ahead: list[tuple[str, int]],
-    free: int | None = None,
+    scheduler: Scheduler, decode_tokens: int, ahead: list[Request], ahead_work: list[int]
 ) -> StepBudget:
-    """The token budget minus decode tokens, free request slots (`free`, if the caller has
-    `internals.free_slots`) and the requests served first."""
-    tokens = internals.token_budget(scheduler) - decode_tokens
+    """The token budget minus decode tokens, the free request slots and KV blocks, and the
+    requests served first (`ahead`, with their uncached work)."""
     return StepBudget(
-        tokens=max(0, tokens),
-        free_slots=internals.free_slots(scheduler) if free is None else free,
-        ahead=tuple([n for _, n in ahead]) if ahead else (),
-        ahead_ids=tuple([i for i, _ in ahead]) if ahead else (),
+        tokens=max(0, internals.token_budget(scheduler) - decode_tokens),
+        free_slots=internals.free_slots(scheduler),
+        ahead=tuple(ahead_work),
+        ahead_ids=tuple([r.request_id for r in ahead]),
         free_blocks=internals.free_blocks(scheduler),
         block_size=internals.block_size_of(internals.kv_cache_manager(scheduler)),
     )
