@@ -66,7 +66,8 @@ class StepObserver:
             now = sched.fairway_clock()
             new = internals.new_requests(sched, output)
             if self.latency is not None and new:
-                lanes = _lanes_by_id(ordered)
+                # the lane of each request admitted from the order (not built over the queue)
+                lanes = ordered.admitted_lanes if ordered is not None else {}
                 labels = self.tenant_labels if self.tenants is not None else None
                 pending_tenants = self.pending_tenants
                 for request_id, request, computed in new:
@@ -165,12 +166,6 @@ class StepObserver:
 
 #: `after_update` checks every pending request at least this often (in updates).
 SWEEP_EVERY = 64
-
-
-def _lanes_by_id(ordered: Any) -> dict[str, str]:
-    """Request id -> lane that placed it, for the requests admitted from the order at this step
-    (the scheduler records them; others: absent). Not built over the whole queue: O(admitted)."""
-    return ordered.admitted_lanes if ordered is not None else {}
 
 
 def for_scheduler(scheduler: Any) -> StepObserver | None:

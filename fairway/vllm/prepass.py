@@ -209,8 +209,7 @@ class StepPrepass:
                 f"policy {self.options.policy!r} did not return a permutation of "
                 f"range({n}): {exc}"
             ) from None
-        self.mirror.mark_given(cols)
-        queue, front = self.mirror.arrange(snap, order, moved)
+        queue, front = self.mirror.table.arrange(snap, order, moved)
         for request in snap.oversized:
             self.reject(request)
         lanes = ordering.lanes
@@ -390,7 +389,8 @@ class StepPrepass:
             elif ordered is not None:
                 prefill = internals.prefill_tokens(self.scheduler, output)
                 self.policy.on_step_end(admitted, prefill)
-            self.trim()
+            if self.error_reasons or len(self.rejected) > 64:
+                self.trim()
         except Exception as exc:  # noqa: BLE001
             self.fallback(exc, "finishing the step", "the step's output is unchanged")
         labels = self.tenant_labels
@@ -431,13 +431,13 @@ class StepPrepass:
         return admitted
 
     def trim(self) -> None:
-        """Forget rejected ids of requests that are gone (the mirror drops its own entries)."""
+        """Forget the error reasons (a request aborted before vLLM finished it gets no error
+        output) and, past 64, the rejected ids of requests that are gone (the mirror drops its
+        own entries)."""
         requests = internals.requests_by_id(self.scheduler)
-        if self.error_reasons:  # aborted before vLLM finished it: no error output comes
-            self.error_reasons = {r: why for r, why in self.error_reasons.items() if r in requests}
-        if len(self.rejected) <= 64:
-            return
-        self.rejected = {rid for rid in self.rejected if rid in requests}
+        self.error_reasons = {r: why for r, why in self.error_reasons.items() if r in requests}
+        if len(self.rejected) > 64:
+            self.rejected = {rid for rid in self.rejected if rid in requests}
 
 
 

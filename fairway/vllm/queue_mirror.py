@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from vllm.v1.request import Request, RequestStatus
 
-from fairway.policies.queue import QueueColumns
 from fairway.vllm.prefix_memo import PROBE_BUDGET, PrefixMemo
 from fairway.vllm.queue_table import QueueSnapshot, QueueTable
 from fairway.vllm.tier_probe import TierProbe
@@ -149,16 +148,6 @@ class QueueMirror:
             by_ticket[tickets] = tokens
             snap.columns.tier_tokens = by_ticket[snap.columns.tickets]
         return snap
-
-    def arrange(
-        self, snap: QueueSnapshot, order: np.ndarray, moved: int
-    ) -> tuple[list[Request], list[int] | None]:
-        """The new queue and the positions moved to its front (`QueueTable.arrange`)."""
-        return self.table.arrange(snap, order, moved)
-
-    def mark_given(self, cols: QueueColumns) -> None:
-        """The policy ordered these requests: they are no longer new to it."""
-        self.table.mark_given(cols)
 
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""

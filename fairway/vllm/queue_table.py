@@ -340,8 +340,10 @@ class QueueTable:
         just that into vLLM's deque); None: the new queue is `snap.current` itself (nothing to
         write) or replaces the deque's contents. The new queue is remembered in a list of this
         table's own, so that the next `find` can tell the tickets of an unchanged queue by one
-        C-level list comparison instead of a dict lookup per request (`_match_in_place`).
+        C-level list comparison instead of a dict lookup per request (`_match_in_place`). The
+        ordered requests are no longer new to the policy (`QueueColumns.new`).
         """
+        self._given[snap.ordered_tickets] = True
         parts = [snap.ordered_tickets[order]]
         special = (
             len(snap.fixed_tickets) or len(snap.oversized_tickets) or len(snap.deferred_tickets)
@@ -448,10 +450,6 @@ class QueueTable:
         """Earliest arrival among the registered requests (inf when there are none)."""
         live = self._arrival[self._live]
         return float(live.min()) if len(live) else float("inf")
-
-    def mark_given(self, cols: QueueColumns) -> None:
-        """The policy ordered these requests (`cols.tickets`): no longer new to it."""
-        self._given[cols.tickets] = True
 
 
 
