@@ -63,7 +63,7 @@ class StepObserver:
         """After vLLM's step: queue times of first admissions; a trace record. Never raises."""
         sched = self.scheduler
         try:
-            now = sched.fairway_clock()
+            now = sched.fairway_prepass.clock()
             new = internals.new_requests(sched, output)
             if self.latency is not None and new:
                 # the lane of each request admitted from the order (not built over the queue)

@@ -165,20 +165,16 @@ class StepPrepass:
                         self.last_plan = None
                     self.skip(queue)
                     return None
-        except Exception as exc:  # noqa: BLE001
-            self.fallback(exc)
-            return None
-        current = list(queue)
-        self.last = LastOrder()
-        try:
+            current = list(queue)
+            self.last = LastOrder()
             ordered = self.order_queue(current)
+            if ordered.front is not None:
+                internals.move_to_front(queue, ordered.front)
+            elif ordered.queue is not current:
+                internals.reorder_queue(queue, ordered.queue)
         except Exception as exc:  # noqa: BLE001 - the engine must survive any policy bug
             self.fallback(exc)
             return None
-        if ordered.front is not None:
-            internals.move_to_front(queue, ordered.front)
-        elif ordered.queue is not current:
-            internals.reorder_queue(queue, ordered.queue)
         if self.options.protect_enabled:
             self.protect_blocks(ordered.queue)
         return ordered
@@ -227,7 +223,7 @@ class StepPrepass:
             stats.queue_work_min_tokens = int(work.min())
             oldest = cols.arrival.item(cols.oldest_row)
             stats.oldest_waiting_age_s = max(0.0, self.clock() - oldest)
-        return OrderedStep(queue, snap.num_fixed, n, lanes, front)
+        return OrderedStep(queue, len(snap.fixed), n, lanes, front)
 
     # --- the policy's one call, and the step plan (policies with `plans_steps`) ----------------
 

@@ -483,7 +483,3 @@ class QueueSnapshot:
     oversized: list[Request] = field(default_factory=list)
     oversized_tickets: np.ndarray = field(default_factory=_no_tickets)
 
-    @property
-    def num_fixed(self) -> int:
-        return len(self.fixed_tickets)
-

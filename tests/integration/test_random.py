@@ -29,11 +29,11 @@ def _spy(base):
 
         def _spied_reorder(self, reorder):
             before = [r.request_id for r in self.waiting]
-            placed = reorder()
+            step = reorder()
             after = [r.request_id for r in self.waiting]
             assert Counter(after) == Counter(before), "re-sort must permute the queue"
             assert len(set(after)) == len(after), "no request twice in the queue"
-            if placed is not None:  # the policy saw exactly what vLLM's own lookup finds now
+            if step is not None:  # the policy saw exactly what vLLM's own lookup finds now
                 mirror = self.fairway_mirror
                 views = self.fairway_last_views
                 for view in views:
@@ -41,11 +41,11 @@ def _spy(base):
                     assert view.cached_tokens == fresh, view
                 # the queue is the order applied (after the preempted requests kept first)
                 ordered = [views[i].request_id for i in self.fairway_last_order]
-                assert after[placed.num_fixed : placed.num_fixed + len(ordered)] == ordered
+                assert after[step.num_fixed : step.num_fixed + len(ordered)] == ordered
                 lanes = self.fairway_last_ordering.lanes or ()
                 self.head_orders += UNPLACED_LANE in lanes  # exact in its head only
             self.spy_steps += 1
-            return placed
+            return step
 
     Spy.spy_steps = 0
     Spy.head_orders = 0  # steps whose order was exact in its head only (`Step.head`)
