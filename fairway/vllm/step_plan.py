@@ -59,16 +59,13 @@ class PlanUndo:
     threshold: int
     adaptive: bool
     active: int
-    running: list[Request] = field(default_factory=list)
+    #: The running list as it was (its own order, to put back).
+    running: list[Request]
     held: list[Request] = field(default_factory=list)
     reordered: bool = False
-    restored: bool = False
 
     def restore(self) -> None:
         """Configured threshold, adaptive flag, slot limit, held requests and running order."""
-        if self.restored:
-            return
-        self.restored = True
         sched = self.scheduler
         internals.set_prefill_cap(sched, self.threshold, self.adaptive)
         internals.set_active_limit(sched, self.active)
@@ -83,18 +80,14 @@ class PlanUndo:
         now[:] = kept
 
 
-def apply(scheduler: Scheduler, plan: StepPlan) -> PlanUndo:
-    """Set the step's cap, running order and hold-back; return how to undo it."""
-    threshold, adaptive = internals.prefill_cap(scheduler)
-    undo = PlanUndo(
-        scheduler, threshold=threshold, adaptive=adaptive, active=internals.active_limit(scheduler)
-    )
+def apply(scheduler: Scheduler, plan: StepPlan) -> PlanUndo | None:
+    """Set the step's cap, running order and hold-back; return how to undo it (None: a plan
+    without a cap changes nothing)."""
     if plan.cap is None:
-        return undo
-    running = internals.running_requests(scheduler)
-    reorder = len(plan.running_order) > 1
-    if reorder or plan.hold:  # the list's own order, to put back
-        undo.running = list(running)
+        return None
+    threshold, adaptive = internals.prefill_cap(scheduler)
+    active, running = internals.active_limit(scheduler), internals.running_requests(scheduler)
+    undo = PlanUndo(scheduler, threshold, adaptive, active, list(running))
     try:
         # Never below one decode's tokens: vLLM caps every running request at the threshold,
         # decodes too, and a decode with speculative drafts schedules 1 + num_speculative_tokens
@@ -103,7 +96,7 @@ def apply(scheduler: Scheduler, plan: StepPlan) -> PlanUndo:
         # Without speculative decoding the floor is 1, which no plan's cap is below.
         cap = max(plan.cap, internals.decode_tokens_per_step(scheduler))
         internals.set_prefill_cap(scheduler, cap, False)
-        if reorder:
+        if len(plan.running_order) > 1:
             undo.reordered = _reorder_running(running, plan.running_order)
         if plan.hold:
             undo.held = [r for r in running if r.request_id in plan.hold]
