@@ -195,7 +195,6 @@ class StepPrepass:
         """The new queue order (a permutation of `current`), or an exception."""
         snap = self.mirror.snapshot(current)
         cols = snap.columns
-        assert cols is not None
         n = len(cols)
         ordering = self.ask_policy(cols, snap.fixed)
         try:

@@ -10,7 +10,7 @@ makes each step. All are side-effect free towards vLLM: they read its objects, t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -100,15 +100,14 @@ class QueueMirror:
 
     # --- the queue --------------------------------------------------------------------------------
 
-    def snapshot(self, requests: Sequence[Request]) -> QueueSnapshot:
+    def snapshot(self, current: list[Request]) -> QueueSnapshot:
         """Bring every waiting request's hit up to date; split the queue; build the columns.
 
         Args:
-            requests: the waiting queue in its current order.
+            current: the waiting queue in its current order.
         """
         self._register_noted()
         self.memo.check_map()
-        current = requests if isinstance(requests, list) else list(requests)
         tickets, unknown = self.table.find(current)
         if unknown:
             for i in np.flatnonzero(tickets < 0).tolist():
@@ -122,7 +121,7 @@ class QueueMirror:
         else:
             snap = self._split_with_tier(current, tickets, self.tier)
         unprobed = self.memo.unprobed_tickets()  # empty once every waiting hit is looked up
-        if unprobed and snap.columns is not None:
+        if unprobed:
             by_ticket = np.zeros(self.table.capacity, dtype=bool)
             by_ticket[unprobed] = True
             snap.columns.unprobed = by_ticket[snap.columns.tickets]
@@ -143,7 +142,7 @@ class QueueMirror:
             priced = gpu + np.rint(tier.weight * tokens).astype(np.int64)
             cached[tickets] = np.minimum(priced, self.table.prompt_of(tickets))
         snap = self.table.split(current, tickets, cached, deferred if deferred.any() else None)
-        if snap.columns is not None and tokens.any():
+        if tokens.any():
             by_ticket = np.zeros(self.table.capacity, dtype=np.int64)
             by_ticket[tickets] = tokens
             snap.columns.tier_tokens = by_ticket[snap.columns.tickets]

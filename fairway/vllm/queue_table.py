@@ -474,7 +474,7 @@ class QueueSnapshot:
     fixed_tickets: np.ndarray = field(default_factory=_no_tickets)
     #: Tickets of the requests the policy orders; row i of `columns` is `ordered_tickets[i]`.
     ordered_tickets: np.ndarray = field(default_factory=_no_tickets)
-    columns: QueueColumns | None = None
+    columns: QueueColumns = field(init=False)
     #: Requests vLLM's KV connector will skip this step (their offload-tier blocks are in
     #: flight), kept behind the ordered ones so that no plan counts on them, and their tickets.
     deferred: list[Request] = field(default_factory=list)
