@@ -84,7 +84,8 @@ class StepPrepass:
             cached prefix (numpy columns, the incremental prefix memo, the tier probe).
         stats / totals: `FairwayStats` of the step in progress and since construction.
         metrics: the Prometheus series (None when the engine logs no stats).
-        plans: whether the policy's step plans are applied (`plans_steps` and chunked prefill).
+        applies_plans: whether the policy's step plans are applied (`plans_steps` and chunked
+            prefill).
         head_only: tell the policy how far vLLM's scan reaches (tests set it False to compare
             with the full order).
         step_plan / last_plan: the plan of the step in progress / of the last planned step
@@ -102,7 +103,7 @@ class StepPrepass:
         policy: Policy,
         mirror: QueueMirror,
         metrics: FairwayMetrics | None,
-        plans: bool,
+        applies_plans: bool,
         top_k: int,
         clock: Callable[[], float],
     ) -> None:
@@ -114,7 +115,7 @@ class StepPrepass:
         self.mirror = mirror
         mirror.table.read_plain = type(policy).reads_plain
         self.metrics = metrics
-        self.plans = plans
+        self.applies_plans = applies_plans
         self.top_k = top_k
         self.head_only = True
         self.stats = FairwayStats()
@@ -124,7 +125,8 @@ class StepPrepass:
         self.error_reasons: dict[str, str] = {}
         self.failed_types: set[type] = set()
         self.last = LastOrder()
-        self.ran = False
+        #: Whether the waiting queue held a request at the start of the step in progress.
+        self.had_waiting = False
         #: Steps whose ordering was skipped because no request slot was free.
         self.steps_skipped = 0
         self.step_plan: StepPlan | None = None
@@ -152,15 +154,14 @@ class StepPrepass:
         the policy is told so (`step_without_prefill`).
         """
         queue = internals.waiting_queue(self.scheduler)
-        self.ran = bool(queue)
+        self.had_waiting = bool(queue)
         try:
             if not queue or not internals.can_admit(self.scheduler):
-                contested = (
-                    bool(queue) and self.plans and internals.has_running_prefill(self.scheduler)
-                )
+                contested = bool(queue) and self.applies_plans
+                contested = contested and internals.has_running_prefill(self.scheduler)
                 # a policy whose order persists is asked all the same (`orders_every_step`)
                 if not contested and not (queue and type(self.policy).orders_every_step):
-                    if queue and self.plans:
+                    if queue and self.applies_plans:
                         self.policy.step_without_prefill()
                         self.last_plan = None
                     self.skip(queue)
@@ -235,7 +236,7 @@ class StepPrepass:
         sched, mirror = self.scheduler, self.mirror
         budget: StepBudget | None = None
         prefilling: Sequence[PrefillingRequest] = ()
-        if self.plans:
+        if self.applies_plans:
             prefilling, decode_tokens = internals.running_prefills(sched, mirror.table.classify)
             work = [r.num_tokens - mirror.cached_tokens(r) for r in ahead]
             budget = step_plan.step_budget(sched, decode_tokens, ahead, work)
@@ -246,7 +247,7 @@ class StepPrepass:
             prefilling, self.tenant_weights, internals.kv_usage(sched), len(ahead),
         )
         ordering = by_level(self.policy.ordering(waiting, step), waiting)
-        if self.plans:
+        if self.applies_plans:
             self.step_plan = self.last_plan = ordering.plan
         return ordering
 
@@ -255,7 +256,7 @@ class StepPrepass:
 
         With an empty waiting queue the plan is made here (running prefills only).
         """
-        if not self.plans:
+        if not self.applies_plans:
             return None
         try:
             if ordered is None and not internals.waiting_queue(self.scheduler):
@@ -368,7 +369,7 @@ class StepPrepass:
                 if self.mirror.tier is not None:
                     stats.tier_admitted_tokens += self.mirror.tier_tokens_of(leaving)
                 self.mirror.forget(leaving)
-            if self.ran:
+            if self.had_waiting:
                 stats.prepass_s.append(prepass_s)
             elif ordered is None:
                 stats.oldest_waiting_age_s = 0.0  # nothing waited at the start of the step
@@ -391,7 +392,7 @@ class StepPrepass:
         labels = self.tenant_labels
         if labels is not None:
             self.book_tenants(labels, output, by_request)
-        if self.metrics is not None or self.ran or labels is not None:
+        if self.metrics is not None or self.had_waiting or labels is not None:
             if self.metrics is not None:
                 self.metrics.record(stats)
             self.totals.add(stats)

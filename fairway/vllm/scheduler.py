@@ -111,7 +111,7 @@ class FairwaySchedulerMixin(_SchedulerBase):
                 requests_by_id=lambda: internals.requests_by_id(self),
             ),
             metrics,
-            plans=_plan_enabled(self, policy),
+            applies_plans=_plan_enabled(self, policy),
             top_k=options.top_k(self.scheduler_config.max_num_seqs),
             clock=time.time,
         )
