@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
+    from fairway.vllm.prepass import OrderedStep
+
 
 class StepObserver:
     """Hooks of one Fairway scheduler; see the module docstring."""
@@ -59,8 +61,9 @@ class StepObserver:
         self.pending_tenants: dict[str, str] = {}
         self._updates = 0  # since the last check of every pending request
 
-    def after_schedule(self, output: SchedulerOutput, ordered: Any) -> None:
-        """After vLLM's step: queue times of first admissions; a trace record. Never raises."""
+    def after_schedule(self, output: SchedulerOutput, ordered: OrderedStep | None) -> None:
+        """After vLLM's step (`ordered`: what the pre-pass did to the queue, None: nothing):
+        queue times of first admissions; a trace record. Never raises."""
         sched = self.scheduler
         try:
             now = sched.fairway_prepass.clock()
@@ -134,7 +137,7 @@ class StepObserver:
         self,
         trace: DecisionTrace,
         output: SchedulerOutput,
-        ordered: Any,
+        ordered: OrderedStep | None,
         now: float,
         new: list[str],
     ) -> None:
@@ -152,7 +155,7 @@ class StepObserver:
             order=sched.fairway_last_order,
             lanes=ordering.lanes if ordering is not None else None,
             plan=ordering.plan if ordering is not None else None,
-            num_fixed=getattr(ordered, "num_fixed", 0),
+            num_fixed=ordered.num_fixed if ordered is not None else 0,
             admitted=[*new, *sorted(resumed)],
             scheduled=scheduled,
             tenant_names=self.tenant_names,
