@@ -14,8 +14,11 @@ from fairway.policies import (  # noqa: F401
     peek,
     preble,
     ragcache,
+    spf,
+    suf,
     vllm_window,
     vtc,
+    wspt,
 )
 from fairway.policies.base import (
     Policy,

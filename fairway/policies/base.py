@@ -60,7 +60,8 @@ class Policy(ABC):
     reads_plain: ClassVar[bool] = False
     #: The policy is asked also in a step in which no waiting request can start (no free request
     #: slot): its order persists in vLLM's queue and the next step starts from it, as vLLM's own
-    #: in-place re-sorts do (`vllm-window`). Not for a policy with `plans_steps`.
+    #: in-place re-sorts do (`vllm-window`), or it must see every step a request waits through
+    #: (`hrrn`'s token clock, `suf`'s iteration counts). Not for a policy with `plans_steps`.
     orders_every_step: ClassVar[bool] = False
 
     @abstractmethod

@@ -23,7 +23,8 @@ from fairway.policies.vllm_window import VLLMWindowPolicy
 from fairway.profiling.table import from_points
 
 BASELINES = [
-    "fcfs", "hrrn", "klpm", "klpm-4", "klpm-8", "lpm", "peek", "preble", "ragcache", "vllm-window",
+    "fcfs", "hrrn", "klpm", "klpm-4", "klpm-8", "lpm", "peek", "preble", "ragcache", "spf", "suf",
+    "vllm-window", "wspt",
 ]
 
 

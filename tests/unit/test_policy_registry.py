@@ -14,8 +14,8 @@ from fairway.errors import FairwayConfigError
 from fairway.policies.base import QueuedRequest, register_policy
 
 REQUIRED = {
-    "fcfs", "lpm", "klpm", "klpm-4", "klpm-8", "ragcache", "preble", "peek", "hrrn",
-    "vllm-window", "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
+    "fcfs", "lpm", "klpm", "klpm-4", "klpm-8", "ragcache", "preble", "peek", "hrrn", "spf", "suf",
+    "wspt", "vllm-window", "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
 }
 PACKAGE = pathlib.Path(policies.__file__).resolve().parent.parent
 
