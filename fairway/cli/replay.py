@@ -22,6 +22,13 @@ _BENCH_HELP = (
 )
 
 
+_OPEN_LOOP_HELP = (
+    "keep the recorded arrivals of a trace whose requests have parents; default: closed loop "
+    "(a session turn is released its think_s after its parent's first token, or after its "
+    "parent's failure; requests without a parent always keep their arrival)"
+)
+
+
 def register(subparsers: Any) -> None:
     """Add the `bench` and `replay` subcommands to the `fairway` parser."""
     from fairway.cli import HelpFormatter
@@ -67,6 +74,7 @@ def register(subparsers: Any) -> None:
                        "load cost (host-device rates and KV bytes per token: an estimate for "
                        "the profile's GPU class unless the profile has measured figures); "
                        "default: no tier")
+    bench.add_argument("--open-loop", action="store_true", help=_OPEN_LOOP_HELP)
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="output directory (default results/bench-<timestamp>; an existing "
                        "non-empty one gets a -2, -3, ... suffix, never overwritten)")
@@ -86,8 +94,10 @@ def register(subparsers: Any) -> None:
 
     replay = subparsers.add_parser(
         "replay", help="live replay of a trace against an OpenAI-compatible server",
-        description="Send a trace's requests open-loop at their timestamps to a running server "
-        "(`fairway serve`, `vllm serve`, ...) and report TTFT like `fairway bench`. Before "
+        description="Send a trace's requests at their timestamps to a running server "
+        "(`fairway serve`, `vllm serve`, ...) and report TTFT like `fairway bench`; a session "
+        "turn (a request whose tags name a parent and a think_s) is sent its think time after "
+        "its parent's first streamed chunk (closed loop) unless --open-loop. Before "
         "sending, the server's model, max_model_len and (vLLM) vocabulary are checked against "
         "the trace; during the replay GET /health is probed every few seconds, and a server that "
         "stops answering ends the replay at once. Exit status: 0 when at least --min-success of "
@@ -114,6 +124,7 @@ def register(subparsers: Any) -> None:
     replay.add_argument("--min-success", type=_share, default=None, metavar="SHARE",
                         help="fail (exit 1) when fewer than this share of the requests get a "
                         f"first token (default {_default_min_success():g})")
+    replay.add_argument("--open-loop", action="store_true", help=_OPEN_LOOP_HELP)
     replay.add_argument("--quick", action="store_true", help="shorten a preset trace")
     replay.add_argument("--out", default=None, metavar="DIR",
                         help="output directory (default results/replay-<timestamp>)")
@@ -189,6 +200,7 @@ def bench_config(args: argparse.Namespace) -> Any:
         trace_cache=args.trace_cache,
         fresh_processes=args.fresh_processes,
         progress=not args.no_progress,
+        open_loop=args.open_loop,
     )
 
 
@@ -217,7 +229,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     _log_to_stderr()
     trace = load_trace_spec(args.trace, quick=args.quick)
-    kwargs: dict[str, Any] = {"time_scale": args.time_scale, "progress": not args.no_progress}
+    kwargs: dict[str, Any] = {"time_scale": args.time_scale, "progress": not args.no_progress,
+                              "open_loop": args.open_loop}
     if args.timeout_s is not None:
         kwargs["timeout_s"] = args.timeout_s
     if args.vocab_size is not None:

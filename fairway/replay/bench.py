@@ -262,6 +262,9 @@ class BenchConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     #: vLLM's `--kv-offloading-size`: a CPU offload tier of this many GiB; None: no tier.
     kv_offloading_gib: float | None = None
+    #: `--open-loop`: keep the recorded arrivals of session turns (default: closed loop, each
+    #: turn released its think time after its parent's first token; `fairway.replay.sessions`).
+    open_loop: bool = False
     #: Output directory; None: results/bench-<timestamp>.
     out: str | None = None
     #: Local worker processes (0: in this process).
@@ -306,6 +309,8 @@ def replay_options(config: BenchConfig) -> dict[str, Any]:
     if config.kv_offloading_gib is not None:
         check_kv_offloading(config.kv_offloading_gib, config.profile)
         options["kv_offloading_gib"] = config.kv_offloading_gib
+    if config.open_loop:  # only when set: the jobs of a default run are what they were
+        options["open_loop"] = True
     return options
 
 

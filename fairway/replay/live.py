@@ -1,8 +1,12 @@
-"""Open-loop live replay of a trace against any OpenAI-compatible server (`fairway replay --url`).
+"""Live replay of a trace against any OpenAI-compatible server (`fairway replay --url`).
 
-Each request is sent at its trace timestamp whether or not earlier ones have answered (open loop:
-a closed loop would slow down exactly when the server is overloaded and hide the queueing we want to
-measure). TTFT = first streamed SSE chunk - send time. Failures become rows with `error` set.
+A request without a parent is sent at its trace timestamp whether or not earlier ones have
+answered (open loop: those arrivals are the offered load, and a client that waited would slow down
+exactly when the server is overloaded and hide the queueing we want to measure). A session turn
+(tags `parent`, `think_s`: `fairway.replay.sessions`) is closed loop by default: it is sent
+`think_s` after its parent's first streamed chunk, or after its parent's failure, because an agent
+cannot send its next turn before it has the answer; `open_loop=True` sends it at its timestamp
+too. TTFT = first streamed SSE chunk - send time. Failures become rows with `error` set.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from fairway.replay.server import (
     list_models,
     read_limits,
 )
+from fairway.replay.sessions import RECORDED_ARRIVAL_TAG, arrivals_setting, session_children
 
 if TYPE_CHECKING:
     from fairway.traces.format import Trace, TraceRequest
@@ -57,7 +62,11 @@ LiveReplayError = ServerCheckError
 
 @dataclass(slots=True)
 class _Attempt:
-    """Mutable progress of one request; turned into a `RequestResult` at the end (or on Ctrl-C)."""
+    """Mutable progress of one request; turned into a `RequestResult` at the end (or on Ctrl-C).
+
+    A closed-loop session turn has its `parent` and `think_s`; its `scheduled_s` is its
+    timestamp until the parent resolves (first chunk or outcome, `resolved_s`), then its release.
+    """
 
     request: TraceRequest
     scheduled_s: float
@@ -66,10 +75,25 @@ class _Attempt:
     cached_tokens: int | None = None
     error: str | None = None
     done: bool = False
+    parent: _Attempt | None = None
+    think_s: float = 0.0
+    resolved_s: float | None = None
+    #: Set when this request resolves; only for a parent (made inside the running loop).
+    answered: asyncio.Event | None = None
+
+    def resolve(self, now: float) -> None:
+        """The answer (first chunk) or the outcome is in: release the children (first call)."""
+        if self.resolved_s is None:
+            self.resolved_s = now
+            if self.answered is not None:
+                self.answered.set()
 
     def result(self) -> RequestResult:
         """The record; a request never sent keeps its scheduled time as arrival."""
         req = self.request
+        tags = dict(req.tags or {})
+        if self.parent is not None:  # the open-loop send time, for comparison
+            tags[RECORDED_ARRIVAL_TAG] = req.arrival_s
         return RequestResult(
             request_id=req.request_id,
             arrival_s=self.sent_s if self.sent_s is not None else self.scheduled_s,
@@ -79,7 +103,7 @@ class _Attempt:
             first_token_s=self.first_token_s,
             cached_tokens=self.cached_tokens,
             error=self.error if self.done else (self.error or INTERRUPTED),
-            tags=dict(req.tags or {}),
+            tags=tags,
             tenant=req.tenant,
             priority=req.priority,
         )
@@ -118,6 +142,7 @@ async def _read_stream(
     async for chunk, now in client.stream_chunks(resp, clock):
         if attempt.first_token_s is None:
             attempt.first_token_s = now
+            attempt.resolve(now)
         cached = client.cached_tokens(chunk)  # 0 is a real answer (no hit), so test for None
         if cached is not None:
             attempt.cached_tokens = cached
@@ -161,10 +186,11 @@ class _Replay:
 
     def __init__(
         self, attempts: list[_Attempt], *, timeout_s: float, max_concurrency: int | None,
-        progress: bool, desc: str,
+        progress: bool, desc: str, time_scale: float = 1.0,
     ) -> None:
         self.attempts = attempts
         self.timeout_s = timeout_s
+        self.time_scale = time_scale
         self.limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.tasks: list[asyncio.Task[None]] = []
         self.bar = tqdm(total=len(attempts), unit="req", desc=desc, disable=not progress)
@@ -181,15 +207,23 @@ class _Replay:
 
     async def run(self, session: aiohttp.ClientSession, endpoint: str, model: str,
                   vocab_size: int) -> None:
-        """Send every request at its scheduled time, then wait for all answers.
+        """Send every request at its scheduled time (a session turn after its parent), then wait
+        for all answers.
 
         If the health watch declares the server gone, nothing more is sent and the requests in
         flight are cancelled at once (see `_give_up`) rather than left to their timeouts.
         """
         self.t0 = time.monotonic()
         watcher = asyncio.create_task(self.watch.run()) if self.watch is not None else None
+        turns = [a for a in self.attempts if a.parent is not None]
+        for turn in turns:
+            assert turn.parent is not None
+            turn.parent.answered = turn.parent.answered or asyncio.Event()
+        self.tasks += [asyncio.create_task(self._after_parent(session, endpoint, turn, model,
+                                                              vocab_size)) for turn in turns]
         try:
-            for attempt in sorted(self.attempts, key=lambda a: a.scheduled_s):
+            roots = [a for a in self.attempts if a.parent is None]
+            for attempt in sorted(roots, key=lambda a: a.scheduled_s):
                 body = _payload(attempt.request, model, vocab_size)
                 delay = attempt.scheduled_s - self.clock()
                 if delay > 0:
@@ -204,6 +238,22 @@ class _Replay:
                 await asyncio.gather(watcher, return_exceptions=True)
         if self._stop.is_set():
             await self._give_up()
+
+    async def _after_parent(self, session: aiohttp.ClientSession, endpoint: str,
+                            attempt: _Attempt, model: str, vocab_size: int) -> None:
+        """Send a session turn its think time (scaled as the timestamps) after its parent
+        resolves; nothing once the server is declared gone."""
+        parent = attempt.parent
+        assert parent is not None and parent.answered is not None
+        await parent.answered.wait()
+        assert parent.resolved_s is not None
+        attempt.scheduled_s = parent.resolved_s + attempt.think_s * self.time_scale
+        body = _payload(attempt.request, model, vocab_size)
+        delay = attempt.scheduled_s - self.clock()
+        if delay > 0:
+            await self._stopped_within(delay)
+        if not self._stop.is_set():
+            await self._one(session, endpoint, attempt, body)
 
     def server_gone(self, reason: str) -> None:
         """The health watch's verdict: stop sending and stop waiting."""
@@ -252,6 +302,7 @@ class _Replay:
                 async with self.limit:
                     await _send(session, endpoint, attempt, body, self.clock, self.timeout_s)
         finally:
+            attempt.resolve(self.clock())  # a failure (or a cut) releases the children too
             if attempt.sent_s is not None:
                 self.max_lag_s = max(self.max_lag_s, attempt.sent_s - attempt.scheduled_s)
             if attempt.done:
@@ -294,12 +345,16 @@ async def replay_live(
     progress: bool = True,
     out_path: str | Path | None = None,
     health_interval_s: float | None = HEALTH_INTERVAL_S,
+    open_loop: bool = False,
 ) -> ReplayResult:
-    """Replay `trace` open-loop against the server at `url` and measure TTFT per request.
+    """Replay `trace` against the server at `url` and measure TTFT per request.
 
     Requests go to `POST /v1/completions` with token-id prompts, streaming, temperature 0, at
-    `arrival_s * time_scale` seconds after the start. Times in the result are seconds since the
-    start; `arrival_s` is the actual send time.
+    `arrival_s * time_scale` seconds after the start; a session turn (closed loop, the default)
+    at `think_s * time_scale` after its parent's first chunk or failure instead, with the trace's
+    `arrival_s` kept in its result's tags (`recorded_arrival_s`). Times in the result are seconds
+    since the start; `arrival_s` is the actual send time. `settings["arrivals"]` says
+    `closed-loop` or `open-loop` for a trace with parents and is absent otherwise.
 
     Cancellation (Ctrl-C under `asyncio.run`) does not raise: the result so far is returned (and
     written to `out_path`), with unfinished requests marked `error="interrupted"` and
@@ -311,7 +366,7 @@ async def replay_live(
         model: served model name; None asks `GET /v1/models` and takes the first.
         policy: label for the report (the server's policy is not visible over HTTP).
         trace_name: label for the report; None derives one from the header (`default_trace_name`).
-        time_scale: multiplies every arrival time (0.5 = twice the rate).
+        time_scale: multiplies every arrival time and think time (0.5 = twice the rate).
         timeout_s: per request, from send to the end of the stream.
         vocab_size: token ids are drawn below it; must not exceed the model's vocabulary (a vLLM
             server is checked before the replay). None: `DEFAULT_VOCAB_SIZE`, or the served
@@ -324,20 +379,22 @@ async def replay_live(
             `HEALTH_FAILURES` failures in a row the replay ends early with
             `settings["server_stopped"]` set and the unfinished requests marked "the server
             stopped answering". None: no probe.
+        open_loop: send every request at its timestamp, session turns included.
 
     Raises:
         LiveReplayError: the server cannot serve the trace (unreachable, unknown `model`,
             requests longer than its max_model_len, `vocab_size` beyond its vocabulary).
         FairwayConfigError: an argument is out of range.
-        TraceError: `vocab_size` is too small for the trace's token ids.
+        TraceError: `vocab_size` is too small for the trace's token ids; in closed loop, a
+            `parent` that is not an earlier request of the trace, or a bad `think_s`.
     """
     vocab_given = vocab_size is not None
     vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
     _check_args(trace, time_scale, timeout_s, vocab_size, max_concurrency)
     trace_name = trace_name or default_trace_name(trace)
-    attempts = [_Attempt(r, r.arrival_s * time_scale) for r in trace.requests]
+    attempts = _attempts(trace, time_scale, open_loop)
     replay = _Replay(attempts, timeout_s=timeout_s, max_concurrency=max_concurrency,
-                     progress=progress, desc=f"{trace_name} @ {policy}")
+                     progress=progress, desc=f"{trace_name} @ {policy}", time_scale=time_scale)
     start = time.monotonic()
     interrupted = False
     limits_info: dict[str, Any] = {}
@@ -365,7 +422,7 @@ async def replay_live(
             "mode": "live", "url": base_url(url), "model": model, "time_scale": time_scale,
             "timeout_s": timeout_s, "vocab_size": vocab_size, "max_concurrency": max_concurrency,
             "interrupted": interrupted, "max_send_lag_s": replay.max_lag_s,
-            SERVER_STOPPED: replay.stopped, **limits_info,
+            SERVER_STOPPED: replay.stopped, **limits_info, **_arrivals(trace, open_loop),
         },
         requests=[a.result() for a in attempts],
         wall_s=time.monotonic() - start,
@@ -375,6 +432,24 @@ async def replay_live(
     if out_path is not None:
         results.save(result, out_path)
     return result
+
+
+def _attempts(trace: Trace, time_scale: float, open_loop: bool) -> list[_Attempt]:
+    """One attempt per request at its scaled timestamp; in closed loop each session turn linked
+    to its parent (a bad parent or think time is a TraceError here, before anything is sent)."""
+    attempts = [_Attempt(r, r.arrival_s * time_scale) for r in trace.requests]
+    if not open_loop:
+        for parent, children in session_children(trace.requests).items():
+            for child, think_s in children:
+                attempts[child].parent = attempts[parent]
+                attempts[child].think_s = think_s
+    return attempts
+
+
+def _arrivals(trace: Trace, open_loop: bool) -> dict[str, str]:
+    """The `arrivals` setting, for a trace with parents only (others keep their settings)."""
+    arrivals = arrivals_setting(trace.requests, open_loop)
+    return {} if arrivals is None else {"arrivals": arrivals}
 
 
 def _uncancel() -> None:

@@ -50,7 +50,10 @@ class RequestResult:
 
     Attributes:
         request_id: the trace's request id.
-        arrival_s: when the request entered the system (virtual: trace arrival; live: send time).
+        arrival_s: when the request entered the system (virtual: trace arrival; live: send
+            time). A closed-loop session turn enters at its release (its parent's first token
+            plus its think time) and keeps the trace's arrival in `tags["recorded_arrival_s"]`
+            (`fairway.replay.sessions`).
         phase: the trace's phase label (calm, burst, spike, ...) or None.
         prompt_tokens: prompt length in tokens.
         first_scheduled_s: when the engine first scheduled it (virtual replay only; None live).

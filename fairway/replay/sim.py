@@ -43,6 +43,7 @@ from fairway.replay.engine_sizing import (
 )
 from fairway.replay.offload_sim import TierTransfers
 from fairway.replay.results import ReplayResult, default_trace_name
+from fairway.replay.sessions import Releases, arrivals_setting
 from fairway.replay.sim_loop import ReplayHooks, ReplayLoop, VirtualClock
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ def replay(
     kv_offloading_gib: float | None = None,
     offload_blocks: int | None = None,
     load_cost: LoadCost | None = None,
+    open_loop: bool = False,
 ) -> ReplayResult:
     """Replay `trace` under `policy` through vLLM's real Scheduler on a virtual clock.
 
@@ -129,6 +131,12 @@ def replay(
     arrival. Per request: first schedule time (start of the step that first gave it tokens),
     first token time (end of the step that completed its prompt), cached tokens at admission.
     Every trace request gets a result; one that can never run is recorded with `error` set.
+    Closed loop by default (`fairway.replay.sessions`): a session turn (tags `parent`, `think_s`)
+    is released `think_s` after its parent's first token, or after its parent's failure; its
+    result's `arrival_s` is that release time and its tags keep the trace's arrival as
+    `recorded_arrival_s`. A request without a parent keeps its recorded arrival, so a trace
+    without parents replays as it always did. `settings["arrivals"]` says `closed-loop` or
+    `open-loop` for a trace with parents and is absent otherwise.
     With an offload tier, a tier hit waits (vLLM's `WAITING_FOR_REMOTE_KVS`) until its load is
     reported; its first schedule time is the start of the step after, its cached tokens
     include the loaded ones (`tier_tokens`), and a step waits for the stores vLLM flushes.
@@ -163,15 +171,18 @@ def replay(
         offload_blocks: the tier's size in blocks instead (not with `kv_offloading_gib`).
         load_cost: the tier's copy figures; None: `load_cost.for_profile` of the table (its
             measured figures, else the estimate for its GPU class). Unused without a tier.
+        open_loop: keep the recorded arrival of every request, session turns included.
 
     Returns:
         The `ReplayResult` (`simulated_s` = virtual seconds, `wall_s` = real seconds).
 
     Raises:
         TraceError: a prompt longer than `MAX_PROMPT_TOKENS` (`check_prompt_lengths`); any
-            shorter one replays, `max_model_len` sized to it (`model_len`).
+            shorter one replays, `max_model_len` sized to it (`model_len`). In closed loop: a
+            `parent` that is not an earlier request of the trace, or a bad `think_s`.
     """
     check_prompt_lengths(trace, trace_name)  # before vLLM's import, so a worker fails fast
+    releases = Releases(trace.requests, open_loop=open_loop)  # checks the sessions, also early
     from fairway.vllm import offline, offload_worker  # lazy: imports vLLM (~5-10 s)
     from fairway.vllm.scheduler import FairwayScheduler
 
@@ -215,10 +226,13 @@ def replay(
     scheduler.set_fairway_clock(clock)
     if hooks is not None and hooks.on_start is not None:
         hooks.on_start(scheduler)
-    loop = ReplayLoop(trace, scheduler, cost, clock, block_size, progress, hooks, tier)
+    loop = ReplayLoop(trace, scheduler, cost, clock, block_size, progress, hooks, tier, releases)
     loop.run()
     wall = time.perf_counter() - started
     settings = _settings(trace, policy, scheduler, cost, sizing, loop)
+    arrivals = arrivals_setting(trace.requests, open_loop)
+    if arrivals is not None:  # no key without sessions: those results keep their bytes
+        settings["arrivals"] = arrivals
     settings["profile"] = ref if isinstance(ref, str) else "(PrefillProfile object)"
     if tier_size is not None and tier is not None:
         settings["kv_offloading"] = tier_size.to_json(table, tier)

@@ -1,10 +1,12 @@
 """The event loop of one virtual-clock replay: arrivals, engine steps, the clock, the record.
 
 `VirtualClock` keeps time, `_Recorder` fills the `RequestResult`s, and `ReplayLoop` drives
-vLLM's scheduler step by step: it adds each request at its arrival, answers each step with a fake
-model output, and moves the clock by the cost model's time of the step. Why apart from
-`fairway.replay.sim`: that module sets the engine up and writes the result; this is what runs in
-between. Must not import vllm at import time: the engine-side modules are imported where used.
+vLLM's scheduler step by step: it adds each request at its release (its recorded arrival, or for a
+session turn its parent's first token plus the think time: `fairway.replay.sessions`), answers
+each step with a fake model output, and moves the clock by the cost model's time of the step. Why
+apart from `fairway.replay.sim`: that module sets the engine up and writes the result; this is
+what runs in between. Must not import vllm at import time: the engine-side modules are imported
+where used.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fairway.profiling.step_time import StepTimeModel
 from fairway.replay.offload_sim import TierTransfers
 from fairway.replay.results import RequestResult
+from fairway.replay.sessions import RECORDED_ARRIVAL_TAG, Releases
 
 if TYPE_CHECKING:
     from fairway.traces.format import Trace, TraceRequest
@@ -79,10 +82,14 @@ class ReplayHooks:
 
 
 class _Recorder:
-    """Per-request facts of the replay, turned into `RequestResult`s at the end."""
+    """Per-request facts of the replay, turned into `RequestResult`s at the end.
 
-    def __init__(self, requests: Sequence[TraceRequest]) -> None:
+    A request's first token or failure resolves it in `releases`, which releases its children.
+    """
+
+    def __init__(self, requests: Sequence[TraceRequest], releases: Releases) -> None:
         self.requests = requests
+        self.releases = releases
         n = len(requests)
         self.index = {r.request_id: i for i, r in enumerate(requests)}
         self.first_scheduled: list[float | None] = [None] * n
@@ -105,31 +112,41 @@ class _Recorder:
         if start < prompt <= end and self.first_token[i] is None:
             self.first_token[i] = step_end
             self.num_done += 1
+            self.releases.resolved(i, step_end)
 
-    def fail(self, request_id: str, reason: str) -> None:
+    def fail(self, request_id: str, reason: str, when: float) -> None:
+        """Record a failure at `when` (the first reason counts; none after a first token)."""
         i = self.index[request_id]
         if self.first_token[i] is None and self.error[i] is None:
             self.error[i] = reason
             self.num_done += 1
+            self.releases.resolved(i, when)
 
     def results(self, tier_tokens: Mapping[str, int] | None = None) -> list[RequestResult]:
         """One result per trace request; `tier_tokens` (a tier's loads per request id) sets
-        each request's `tier_tokens` (0 when it loaded nothing); None: no tier."""
+        each request's `tier_tokens` (0 when it loaded nothing); None: no tier.
+
+        A request released after its parent has its release time as `arrival_s` (TTFT counts
+        from there) and the trace's arrival in its tags (`RECORDED_ARRIVAL_TAG`)."""
         out = []
         for i, r in enumerate(self.requests):
             error = self.error[i]
             if error is None and self.first_token[i] is None:
                 error = "no first token when the replay ended"
+            tags = dict(r.tags)
+            release = self.releases.release_s[i]
+            if i in self.releases.waiting:
+                tags[RECORDED_ARRIVAL_TAG] = r.arrival_s
             out.append(RequestResult(
                 request_id=r.request_id,
-                arrival_s=r.arrival_s,
+                arrival_s=r.arrival_s if release is None else release,
                 phase=r.phase,
                 prompt_tokens=r.prompt_tokens,
                 first_scheduled_s=self.first_scheduled[i],
                 first_token_s=self.first_token[i],
                 cached_tokens=self.cached[i],
                 error=error,
-                tags=dict(r.tags),
+                tags=tags,
                 tenant=r.tenant,
                 priority=r.priority,
                 tier_tokens=None if tier_tokens is None else tier_tokens.get(r.request_id, 0),
@@ -141,11 +158,16 @@ class _Recorder:
 
 
 class ReplayLoop:
-    """The event loop of one replay: arrivals, steps, clock, recording."""
+    """The event loop of one replay: arrivals, steps, clock, recording.
+
+    Requests enter at their release times (`releases`; None: closed loop): the recorded
+    arrivals, and a session turn its think time after its parent's first token or failure.
+    """
 
     def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
                  clock: VirtualClock, block_size: int, progress: bool,
-                 hooks: ReplayHooks | None, tier: TierTransfers | None = None) -> None:
+                 hooks: ReplayHooks | None, tier: TierTransfers | None = None,
+                 releases: Releases | None = None) -> None:
         from fairway.vllm import offline_vllm  # lazy, as every vLLM-side import here
 
         self.requests = trace.requests
@@ -154,12 +176,12 @@ class ReplayLoop:
         self.clock = clock
         self.block_size = block_size
         self.vocab_size = int(offline_vllm.TINY_MODEL_CONFIG["vocab_size"])
-        self.recorder = _Recorder(trace.requests)
+        self.releases = Releases(trace.requests) if releases is None else releases
+        self.recorder = _Recorder(trace.requests, self.releases)
         self.on_step = hooks.on_step if hooks is not None else None
         self.progress = progress
         self.tier = tier
         self.num_steps = 0
-        self.next_arrival = 0
         self.empty_steps = 0
         self.aborted = False
 
@@ -172,10 +194,13 @@ class ReplayLoop:
             while not self.aborted:
                 self._admit_arrivals()
                 busy = self.scheduler.has_unfinished_requests()
-                if not busy and self.next_arrival >= len(self.requests):
+                # idle, every added request is resolved, so every child is in the heap
+                release = self.releases.next_s()
+                if not busy and release is None:
                     break
                 if not busy and not self._tier_pending():
-                    self.clock.jump_to(self.requests[self.next_arrival].arrival_s)
+                    assert release is not None
+                    self.clock.jump_to(release)
                     continue
                 done_before = self.recorder.num_done
                 polling = self._tier_pending()
@@ -199,18 +224,18 @@ class ReplayLoop:
         self._drain()
 
     def _admit_arrivals(self) -> None:
-        """Add every request that has arrived by now (token ids built once, here)."""
+        """Add every request released by now, stamped with its release time (token ids built
+        once, here)."""
         from fairway.vllm import offline
 
-        reqs, now, i = self.requests, self.clock.now, self.next_arrival
-        while i < len(reqs) and reqs[i].arrival_s <= now:
-            r = reqs[i]
+        for i in self.releases.due(self.clock.now):
+            r = self.requests[i]
+            arrival = self.releases.release_s[i]
+            assert arrival is not None  # in the heap, so released
             self.scheduler.add_request(offline.make_request(
-                r.request_id, r.token_ids(self.vocab_size), r.arrival_s, r.max_tokens,
+                r.request_id, r.token_ids(self.vocab_size), arrival, r.max_tokens,
                 block_size=self.block_size, priority=r.priority, tenant=r.tenant,
             ))
-            i += 1
-        self.next_arrival = i
 
     def _step(self) -> bool:
         """One engine step; False when it scheduled nothing."""
@@ -236,7 +261,7 @@ class ReplayLoop:
             model_output.kv_connector_output = tier.finish_step(self.clock.now)
         finished = offline.finished_ids(scheduler.update_from_output(output, model_output))
         for request_id in finished:  # only errors remain: a finished prefill has its token
-            self.recorder.fail(request_id, self._failure(request_id))
+            self.recorder.fail(request_id, self._failure(request_id), self.clock.now)
         if self.on_step is not None and spans:
             self.on_step(StepRecord(self.num_steps, start, self.clock.now,
                                     {k: (s, e) for k, (s, e, _) in spans.items()}, finished))
@@ -258,20 +283,22 @@ class ReplayLoop:
 
     def _wait_for_tier(self) -> None:
         """After a step with nothing to schedule while the tier has jobs: move to the next
-        completion or arrival, whichever is first (no move when only deferred stores are left:
+        completion or release, whichever is first (no move when only deferred stores are left:
         the next step submits them)."""
         assert self.tier is not None
         when = self.tier.next_completion()
         if when is None:
             return
-        if self.next_arrival < len(self.requests):
-            when = min(when, self.requests[self.next_arrival].arrival_s)
+        release = self.releases.next_s()
+        if release is not None:
+            when = min(when, release)
         self.clock.jump_to(max(self.clock.now, when))
 
     def _stalled(self) -> None:
-        """Nothing could be scheduled: wait for the next arrival, or give up on the rest."""
-        if self.next_arrival < len(self.requests):
-            self.clock.jump_to(max(self.clock.now, self.requests[self.next_arrival].arrival_s))
+        """Nothing could be scheduled: wait for the next release, or give up on the rest."""
+        release = self.releases.next_s()
+        if release is not None:
+            self.clock.jump_to(max(self.clock.now, release))
             return
         self._abort("never scheduled: the engine could not admit it (KV cache too small?)")
 
@@ -282,12 +309,13 @@ class ReplayLoop:
         """
         unfinished = [r.request_id for r in self.requests
                       if self.recorder.first_token[self.recorder.index[r.request_id]] is None]
-        for request_id in unfinished:
-            self.recorder.fail(request_id, reason)
+        for request_id in unfinished:  # trace order: a parent fails before its children
+            self.recorder.fail(request_id, reason, self.clock.now)
         self.aborted = True
         logger.warning("replay stopped with %d requests unanswered: %s", len(unfinished), reason)
 
     def _drain(self) -> None:
         """Requests still without a result (none unless the loop was cut) get an error."""
         for r in self.requests:
-            self.recorder.fail(r.request_id, "no first token when the replay ended")
+            self.recorder.fail(r.request_id, "no first token when the replay ended",
+                               self.clock.now)

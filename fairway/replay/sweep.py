@@ -57,7 +57,7 @@ class ReplayJob:
             pickled to the worker as it is).
         policy_params: the policy's parameters (more, when `policy` is a name).
         options: other keyword arguments of `fairway.replay.sim.replay` (profile, cache_fraction,
-            num_blocks, max_num_batched_tokens, ...).
+            num_blocks, max_num_batched_tokens, open_loop, ...).
         label: policy label in results when one policy appears with several parameter sets
             (e.g. `fairway[fast_weight=2]`); None: the policy name.
     """

@@ -249,3 +249,54 @@ def test_max_concurrency_delays_sends_and_reports_the_lag(stub: Stub) -> None:
 def test_bad_arguments_fail_before_sending(kwargs: dict, error: type[Exception]) -> None:
     with pytest.raises(error):
         live(make_trace((0.0, OK)), _closed_port_url(), model="m", **kwargs)
+
+
+# --- sessions: a turn is sent after its parent's answer (closed loop, the default) -------------
+
+THINK_S = 0.15
+
+
+def session_trace(parent_behaviour: int = OK, parent: str = "p") -> Trace:
+    """A parent and a child turn recorded at the same instant; the child extends the parent."""
+    reqs = (
+        make_request("p", 0.0, [("ctx", 4)], phase="calm", max_tokens=parent_behaviour,
+                     tags={"session": "s0", "parent": None, "think_s": 0.0}),
+        make_request("c", 0.0, [("ctx", 4), ("q2", 4)], phase="calm", max_tokens=OK,
+                     tags={"session": "s0", "parent": parent, "think_s": THINK_S}),
+    )
+    return Trace(TraceHeader("test", 7, None, {}, 2), reqs)
+
+
+def test_a_session_turn_is_sent_think_s_after_its_parents_first_chunk(stub: Stub) -> None:
+    result = live(session_trace(), stub.url, model="m")
+    parent, child = result.requests
+    assert parent.error is None and child.error is None
+    assert parent.first_token_s is not None
+    assert child.arrival_s >= parent.first_token_s + THINK_S
+    assert child.arrival_s == pytest.approx(parent.first_token_s + THINK_S, abs=0.05)
+    assert child.tags["recorded_arrival_s"] == 0.0 and "recorded_arrival_s" not in parent.tags
+    assert [len(body["prompt"]) for body in stub.received] == [4, 8]  # parent first
+    assert result.settings["arrivals"] == "closed-loop"
+
+
+def test_open_loop_sends_a_session_turn_at_its_timestamp(stub: Stub) -> None:
+    result = live(session_trace(), stub.url, model="m", open_loop=True)
+    parent, child = result.requests
+    assert child.arrival_s == pytest.approx(0.0, abs=0.05)
+    assert child.arrival_s < parent.first_token_s
+    assert result.settings["arrivals"] == "open-loop"
+    assert "arrivals" not in live(make_trace((0.0, OK)), stub.url, model="m").settings
+
+
+def test_a_failed_parent_still_releases_its_turn(stub: Stub) -> None:
+    result = live(session_trace(parent_behaviour=FAIL_500), stub.url, model="m")
+    parent, child = result.requests
+    assert parent.error == "HTTP 500: boom"
+    assert child.error is None
+    assert child.arrival_s == pytest.approx(THINK_S, abs=0.05)  # the 500 answers at once
+
+
+def test_a_turn_naming_an_unknown_parent_is_refused_before_sending(stub: Stub) -> None:
+    with pytest.raises(TraceError, match="not an earlier request"):
+        live(session_trace(parent="ghost"), stub.url, model="m")
+    assert stub.received == []
