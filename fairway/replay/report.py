@@ -3,7 +3,8 @@
 The statistics are `fairway.replay.summary`'s, the six targets `fairway.replay.targets`', the
 figures `fairway.replay.plots`'; this module lays them out. Every report splits TTFT by cache hit
 vs miss (`fairway.replay.results.HIT_DEFINITION`) and says "unavailable" where a result has no
-cached-token counts.
+cached-token counts. A trace with agent sessions gets a session table (`fairway.replay.
+session_view`); a trace without has none, and its JSON has no `sessions` key.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from fairway.replay.plots import plot_cdf, plot_ttft_over_time
 from fairway.replay.results import HIT_DEFINITION, ReplayResult, safe_name
+from fairway.replay.session_view import SESSION_END_TO_END_DEFINITION, SESSION_HIT_DEFINITION
 from fairway.replay.summary import STARVATION_FACTOR, Summary, group_by_trace, summarize
 from fairway.replay.targets import (
     MEDIAN_REFERENCE,
@@ -86,7 +88,25 @@ def _trace_md(summary: Summary, trace_name: str) -> list[str]:
         ([s.policy, _ms(s.max_s), _ms(s.p99_s), "yes" if s.starved else "no"]
          for s in summary.starvation if s.trace_name == trace_name),
     )
+    sessions = session_table(summary, trace_name)
+    if sessions:
+        lines += ["", "### Sessions (end to end in ms)", "", f"{SESSION_END_TO_END_DEFINITION}; "
+                  f"{SESSION_HIT_DEFINITION}.", "", *sessions]
     return lines
+
+
+def session_table(summary: Summary, trace_name: str) -> list[str]:
+    """Markdown rows of the session view of one trace; empty when it has no sessions."""
+    rows = [
+        [s.policy, str(s.n_sessions), str(s.n_complete), _ms(s.median_s), _ms(s.p99_s),
+         f"{s.n_hits} / {s.n_turns_with_parent}"
+         + (f" (+{s.n_unknown} unknown)" if s.n_unknown else "")]
+        for s in summary.sessions if s.trace_name == trace_name
+    ]
+    if not rows:
+        return []
+    return _table(["policy", "sessions", "complete", "end-to-end median", "end-to-end p99",
+                   "hits at admission / turns with a parent"], rows)
 
 
 def _share(value: float | None) -> str:
@@ -134,7 +154,7 @@ def to_markdown(summary: Summary) -> str:
 
 def to_json(summary: Summary) -> dict[str, Any]:
     """Everything in the summary plus the targets, JSON-ready and in report order."""
-    traces = {}
+    traces: dict[str, dict[str, Any]] = {}
     for t in summary.traces:
         traces[t] = {
             "policies": summary.policies[t],
@@ -144,6 +164,11 @@ def to_json(summary: Summary) -> dict[str, Any]:
             "targets": six_targets(summary, t),
             "hit_miss": [dataclasses.asdict(h) for h in summary.hit_miss if h.trace_name == t],
         }
+        sessions = [dataclasses.asdict(s) for s in summary.sessions if s.trace_name == t]
+        if sessions:  # absent for a trace without sessions
+            traces[t]["sessions"] = sessions
+    definitions = {"session_end_to_end_definition": SESSION_END_TO_END_DEFINITION,
+                   "session_hit_definition": SESSION_HIT_DEFINITION} if summary.sessions else {}
     return {
         "format": REPORT_FORMAT,
         "percentile_method": summary.percentile_method,
@@ -151,6 +176,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "target_phases": list(TARGET_PHASES),
         "target_factor": TARGET_FACTOR,
         "starvation_factor": STARVATION_FACTOR,
+        **definitions,
         "traces": traces,
     }
 

@@ -12,6 +12,9 @@ does not report them) get no split: the report says "unavailable" instead of gue
 
 The starvation flag lives here, not with the targets: it compares a policy with its own tail,
 not with a reference policy, and every `Summary` carries it.
+
+A trace with agent sessions also gets the session view (`fairway.replay.session_view`): sessions,
+their end-to-end time and the turns that reused their session's context; none without sessions.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Final
 import numpy as np
 
 from fairway.replay.results import ReplayResult, RequestResult
+from fairway.replay.session_view import session_facts
 
 PERCENTILE_METHOD: Final = "linear"
 #: The pseudo-phase that holds every request of a trace.
@@ -86,6 +90,29 @@ class HitMissStats:
     miss_ttft_share: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    """The agent sessions of one policy on one trace (`fairway.replay.session_view`).
+
+    Attributes:
+        n_sessions: sessions (distinct `session` tags).
+        n_complete: sessions whose every turn got a first token.
+        median_s, p99_s: end-to-end seconds of the complete sessions; None without any.
+        n_turns_with_parent, n_hits, n_unknown: turns with a parent, the hits at admission
+            among them, and those whose cached tokens are unknown.
+    """
+
+    trace_name: str
+    policy: str
+    n_sessions: int
+    n_complete: int
+    median_s: float | None
+    p99_s: float | None
+    n_turns_with_parent: int
+    n_hits: int
+    n_unknown: int
+
+
 @dataclass(frozen=True)
 class Summary:
     """Everything the tables need, in report order.
@@ -97,6 +124,7 @@ class Summary:
         rows: one `PhaseStats` per trace x policy x phase, in the order above.
         starvation: one `Starvation` per trace x policy.
         hit_miss: one `HitMissStats` per trace x policy x phase, in the order of `rows`.
+        sessions: one `SessionStats` per trace x policy whose result has sessions.
     """
 
     traces: list[str]
@@ -106,6 +134,7 @@ class Summary:
     starvation: list[Starvation]
     percentile_method: str = PERCENTILE_METHOD
     hit_miss: list[HitMissStats] = dataclasses.field(default_factory=list)
+    sessions: list[SessionStats] = dataclasses.field(default_factory=list)
 
     def row(self, trace_name: str, policy: str, phase: str) -> PhaseStats | None:
         """The stats of one cell, or None when that policy or phase is absent."""
@@ -203,8 +232,19 @@ def starvation_check(trace_name: str, policy: str, reqs: list[RequestResult]) ->
     return Starvation(trace_name, policy, worst, p99, starved)
 
 
+def session_stats(trace_name: str, policy: str, reqs: list[RequestResult]
+                  ) -> SessionStats | None:
+    """The session view of one result as stats; None when it has no sessions."""
+    facts = session_facts(reqs)
+    if facts is None:
+        return None
+    median, _, p99, _ = ttft_stats(facts.end_to_end_s)
+    return SessionStats(trace_name, policy, facts.n_sessions, len(facts.end_to_end_s), median,
+                        p99, facts.n_turns_with_parent, facts.n_hits, facts.n_unknown)
+
+
 def summarize(results: list[ReplayResult]) -> Summary:
-    """Per trace x policy x phase TTFT statistics and the starvation flags.
+    """Per trace x policy x phase TTFT statistics, the starvation flags and the session view.
 
     Raises:
         ValueError: a trace x policy pair appears twice, or a phase is labelled `ALL`.
@@ -215,6 +255,7 @@ def summarize(results: list[ReplayResult]) -> Summary:
     rows: list[PhaseStats] = []
     starvation: list[Starvation] = []
     hit_miss: list[HitMissStats] = []
+    sessions: list[SessionStats] = []
     for trace_name, group in by_trace.items():
         policies[trace_name] = [g.policy for g in group]
         phases[trace_name] = [*phase_order(group), ALL]
@@ -226,4 +267,8 @@ def summarize(results: list[ReplayResult]) -> Summary:
                 rows.append(_phase_stats(trace_name, result.policy, phase, reqs))
                 hit_miss.append(hit_miss_stats(trace_name, result.policy, phase, reqs, available))
             starvation.append(starvation_check(trace_name, result.policy, result.requests))
-    return Summary(list(by_trace), policies, phases, rows, starvation, hit_miss=hit_miss)
+            found = session_stats(trace_name, result.policy, result.requests)
+            if found is not None:
+                sessions.append(found)
+    return Summary(list(by_trace), policies, phases, rows, starvation, hit_miss=hit_miss,
+                   sessions=sessions)
