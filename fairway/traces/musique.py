@@ -11,10 +11,12 @@ replaced by step j's answer. Each hop retrieves `paragraphs_per_hop` of the ques
 paragraphs: the hop's supporting paragraph plus distractors not retrieved before, in paragraph
 order, fixed per (seed, question) so a deterministic agent repeats itself.
 
-Sessions arrive by the load shape; hop k arrives an exponential think time (mean `think_mean_s`)
-after hop k-1 **arrives**. This is open loop: a trace cannot know when hop k-1 finished. Each
-request's tags carry ``parent`` (the previous hop's request id) and ``think_s``, so a replay may
-instead release hop k `think_s` after hop k-1 completes.
+Sessions arrive by the load shape. Each hop's tags carry ``parent`` (the previous hop's request
+id) and ``think_s`` (an exponential think time, mean `think_mean_s`), and replays are closed loop
+by default: hop k is released `think_s` after hop k-1's first token, as an agent cannot ask its
+next question before it has the answer (`fairway.replay.sessions`). The recorded ``arrival_s``
+(hop k-1's arrival + `think_s`: a trace cannot know when hop k-1 finished) is what an open-loop
+replay (``--open-loop``) uses.
 
 Sessions take the questions in a seeded random order; when more sessions than questions are
 needed the order starts over, and a repeated question gets its own question block (``-r<pass>``)
@@ -74,7 +76,8 @@ class MusiqueParams:
     paragraphs_per_hop: int = 4
     """Paragraphs retrieved per hop: the supporting one plus distractors."""
     think_mean_s: float = 2.0
-    """Mean of the exponential think time between the arrivals of consecutive hops."""
+    """Mean of the exponential think time between a hop's answer and the next hop (closed loop;
+    between their arrivals in the recorded timestamps)."""
     work_basis: str = "prompt"
     """How the session rate counts work: prompt or ideal (see fairway.traces.shapes)."""
     path: str | None = None
@@ -230,7 +233,9 @@ def build_musique(
         "work_per_session_tokens": round(session_work, 3),
         "num_sessions": len(starts),
         "num_questions": len(questions),
-        "think": "open loop: hop k arrives think_s after hop k-1 arrives (tags.parent)",
+        "think": "closed loop by default: a replay releases hop k think_s after hop k-1's first "
+                 "token (tags.parent); arrival_s (think_s after hop k-1's arrival) is for "
+                 "--open-loop",
         "token_estimate": "ceil(chars / 4) after collapsing whitespace",
         "sources": {MUSIQUE_FILE if params.path is None else path.name: file_sha256(path)},
     }

@@ -107,6 +107,9 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "virtual-clock replays of the two SEC spike traces (minutes)"),
     ".venv/bin/fairway replay --url http://127.0.0.1:8000 --trace t.jsonl":
         Entry("PARSE", "needs a running server and a trace file"),
+    ".venv/bin/fairway bench --trace musique --policy fcfs --policy fairway --open-loop":
+        Entry("PARSE", "two replays of the MuSiQue agent sessions at their recorded arrivals "
+              "(tests/integration/test_closed_loop.py runs both arrival modes)"),
     # (also in FAIRWAY.md)
     ".venv/bin/fairway inspect http://127.0.0.1:8000 --window-s 60":
         Entry("PARSE", "needs a running server (tests/e2e/test_inspect_live.py runs it for real)"),
