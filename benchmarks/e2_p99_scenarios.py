@@ -2,17 +2,22 @@
 
     python benchmarks/e2_p99_scenarios.py [--out DIR] [--quick] [--workers N] [--ray ADDRESS]
 
-Seventeen scenarios, each a preset at a load, a KV cache size (cache_fraction of the trace's
+Twenty scenarios, each a preset at a load, a KV cache size (cache_fraction of the trace's
 reusable content, default 0.3) and a step budget (2,048 tokens; 8,192 for the long-context ones).
-A scenario's name says all three (`x` load, `cache`, `steps`) and any preset override. Every
-variant other than the shipped presets is built from the source data (`FAIRWAY_DATA`) on the fly;
-a rebuilt trace has a new Poisson realisation of its arrivals and a cache that grows with it, so
-the realised offered load is printed next to the nominal factor.
+A scenario's name says all three (`x` load, `cache`, `steps`), any preset override and
+`open-loop` where a trace with sessions keeps its recorded arrivals (the replay's default for
+session turns is closed loop: a turn is released its think time after its parent's first token).
+Every variant other than the shipped presets is built from the source data (`FAIRWAY_DATA`) on
+the fly; a rebuilt trace has a new Poisson realisation of its arrivals and a cache that grows with
+it, so the realised offered load is printed next to the nominal factor.
 
 - SEC/MuSiQue (`sec-a`, `sec-b`, `sec-long`, `musique`, the `spike` shape): the preset built
   against the shipped capacity x the load, so arrivals come `load` times as fast: sec-a at 0.7 /
   1.0 / 1.3 with cache 0.3 and at 1.0 with cache 0.15 / 0.6; sec-b at 1.0 and at 1.3 with cache
-  0.15; sec-long and musique at 1.0.
+  0.15; sec-long and musique at 1.0. MuSiQue's hops replay closed loop; `musique x1 cache0.3
+  open-loop` replays the same trace at its recorded arrivals (hop k think_s after hop k-1's
+  arrival), as every MuSiQue row did before closed loop (the MuSiQue numbers quoted below are
+  from then).
 - Sustained overload (`sec-b x2 ... overload`, `musique x2 ... overload`): the `overload` shape
   (calm 0.5 for 60 s, 1.3 for 240 s, calm 0.5 for 60 s) in place of the spike, at load 2: four
   minutes at 2.6 x capacity. At 1.5 MuSiQue's cache keeps up (FCFS p99 7.0 s, below its x1
@@ -27,6 +32,11 @@ the realised offered load is printed next to the nominal factor.
   3.5 / 8 / 129 s). Its three prompts of 120k-122k tokens take ~77 s each on an idle engine, so
   no load gets its p99 (the 2nd-3rd worst of 213 requests) much below that (0.1: 76 s); 0.2 is
   the light end, with a little queueing, 0.65 the overloaded one.
+- Agent sessions, at 8,192-token steps, closed loop, cache 0.3: `agent-sessions` (coding-agent
+  sessions whose contexts grow from ~11k to 131k tokens, with subagents; 16 sessions, 342
+  requests) and `agent-sessions-busy` (1.4 x its session rate: 23 sessions, 505 requests), as
+  shipped. The cache holds the running sessions' contexts while they come back every few
+  seconds; when it does not, a turn recomputes its whole context (up to ~85 s on an idle engine).
 
 Policies: fcfs, lpm, klpm-4, ragcache, preble, peek, hrrn, fairway-step (the paper's per-step
 rule, when registered) and fairway. Per scenario (the paper's C2 protocol): the p99 TTFT over all
@@ -98,6 +108,9 @@ class Scenario:
     overrides: dict[str, Any] = field(default_factory=dict)
     #: vLLM's token budget per step; None: the replay's default (2,048).
     max_num_batched_tokens: int | None = None
+    #: Keep every recorded arrival, session turns included (`sim.replay(open_loop=True)`); the
+    #: default replays session turns closed loop.
+    open_loop: bool = False
 
     @property
     def name(self) -> str:
@@ -109,7 +122,8 @@ class Scenario:
             else f" {key}={value}"
             for key, value in self.overrides.items() if key != "load"
         )
-        return f"{self.preset} x{self.load:g} cache{self.cache_fraction:g}{extra}{steps}"
+        loop = " open-loop" if self.open_loop else ""
+        return f"{self.preset} x{self.load:g} cache{self.cache_fraction:g}{extra}{steps}{loop}"
 
     def scales_capacity(self) -> bool:
         """Whether `load` scales the capacity the preset is built against (False: a preset whose
@@ -117,10 +131,13 @@ class Scenario:
         return "load" not in self.overrides and self.load != 1.0
 
     def replay_options(self) -> dict[str, Any]:
-        """The scenario's keyword arguments of `sim.replay` (cache size, step budget)."""
+        """The scenario's keyword arguments of `sim.replay` (cache size, step budget, and
+        `open_loop` only when set, so the other scenarios' options stay as they were)."""
         options: dict[str, Any] = {"cache_fraction": self.cache_fraction}
         if self.max_num_batched_tokens is not None:
             options["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.open_loop:
+            options["open_loop"] = True
         return options
 
 
@@ -139,6 +156,8 @@ SCENARIOS = (
     Scenario("sec-b", load=2.0, overrides={"shape": "overload"}),
     Scenario("sec-long"),
     Scenario("musique"),
+    # The same trace at its recorded arrivals (how every MuSiQue row replayed before closed loop).
+    Scenario("musique", open_loop=True),
     Scenario("musique", load=2.0, overrides={"shape": "overload"}),
     # Mooncake keeps its recorded arrivals; `load` time-scales them to a mean load.
     Scenario("mooncake", load=1.0, overrides={"load": 1.0}),
@@ -153,6 +172,10 @@ SCENARIOS = (
     # 76.4 s); 0.2 adds a little queueing to that floor (FCFS median 3.5 s).
     *(Scenario("mooncake-long", load=load, overrides={"load": load},
                max_num_batched_tokens=LONG_CONTEXT_BATCHED_TOKENS) for load in (0.2, 0.4, 0.65)),
+    # Coding-agent sessions as shipped (closed loop, the default cache): a moderate and a busy
+    # session rate.
+    *(Scenario(preset, max_num_batched_tokens=LONG_CONTEXT_BATCHED_TOKENS)
+      for preset in ("agent-sessions", "agent-sessions-busy")),
 )
 
 
@@ -352,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             "cache_fraction": scenario.cache_fraction,
             "max_num_batched_tokens": scenario.max_num_batched_tokens,
             "overrides": dict(scenario.overrides),
+            "open_loop": scenario.open_loop,
             "offered_load": offered_load(trace),
         }
         for policy in POLICIES:
@@ -382,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         "included; errors: requests without a first token (Fairway's ratios are left out "
         "where it has any). Offered load: prompt tokens per second over the trace's span / the "
         "engine's capacity (no cache); the cache removes part of it. A name's `overload`: the "
-        "preset's shape replaced by the sustained `overload` shape. Steps of 2,048 tokens, "
+        "preset's shape replaced by the sustained `overload` shape; `open-loop`: session turns "
+        "at their recorded arrivals (otherwise closed loop: a turn is released its think time "
+        "after its parent's first token). Steps of 2,048 tokens, "
         f"or the budget a name gives (`steps{LONG_CONTEXT_BATCHED_TOKENS}`: the long-context "
         "scenarios).\n\n"
         + table(rows) + "\nAll p99s (s):\n\n" + all_p99_table(rows)

@@ -1,4 +1,4 @@
-"""Workload traces: the file format, load shapes, the SEC / MuSiQue / Mooncake / flood builders.
+"""Workload traces: the file format, load shapes and the builders of every family (`FAMILIES`).
 
 Must not import vllm. Typical use::
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairway.errors import TraceError
+from fairway.traces.agent import DEFAULT_SHAPE as AGENT_SHAPE
+from fairway.traces.agent import AgentSessionsParams, build_agent_sessions
 from fairway.traces.flood import FloodParams, build_flood
 from fairway.traces.format import Trace, TraceHeader, TraceRequest
 from fairway.traces.hitheavy import DEFAULT_SHAPE as HIT_HEAVY_SHAPE
@@ -84,6 +86,10 @@ FAMILIES: dict[str, Family] = {
         Family("tenants", TenantsParams, TENANTS_SHAPE,
                "classes of traffic with their own tenant, priority, hit rate and lengths",
                _shaped(build_tenants)),
+        Family("agent-sessions", AgentSessionsParams, AGENT_SHAPE,
+               "coding-agent sessions: a shared 10k-token prefix, contexts growing to 131k, "
+               "subagents, think times (replayed closed loop)",
+               _shaped(build_agent_sessions)),
     )
 }
 
@@ -93,8 +99,12 @@ FAMILIES: dict[str, Family] = {
 #: presets' descriptions say it and E2 passes it.
 LONG_CONTEXT_BATCHED_TOKENS = 8192
 
+#: `agent-sessions-busy`: the `agent-sessions` shape with every load x 1.4 (the session rate).
+AGENT_BUSY_SHAPE = "calm:0.21:300,busy:0.35:600,calm:0.21:300"
+
 #: The benchmark's default traces. Each builds in a few seconds, spans about 5-6 simulated
-#: minutes (the long-context ones longer) and has at most ~2,500 requests at the default capacity.
+#: minutes (the long-context and agent-session ones longer) and has at most ~2,500 requests at
+#: the default capacity.
 PRESETS: dict[str, dict[str, Any]] = {
     "sec-a": {
         "family": "sec", "seed": 1, "shape": "spike",
@@ -198,6 +208,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         "0.3x capacity throughout, a batch backlog (priority 1) at 2x for 60 s; replay with "
         "--cache-fraction 1.5",
     },
+    # Coding-agent sessions (fairway/traces/agent.py): contexts growing from ~11k to 131k tokens,
+    # subagents, think times of seconds; replayed closed loop (each turn think_s after its
+    # parent's first token), with the replay's default cache (0.3 x the reusable content). Loads
+    # are uncached tokens at short context; a long context makes them ~2.5 x dearer. Seed 17
+    # realises both loads within 10% of nominal (16 and 23 sessions); at 8,192-token steps FCFS's
+    # p99 is 43 s (busy: 79 s) and the last turns end at ~22 (24) minutes.
+    "agent-sessions": {
+        "family": "agent-sessions", "seed": 17, "shape": AGENT_SHAPE, "params": {},
+        "description": "coding-agent sessions: a 10k-token shared prefix, contexts growing to "
+        "131k, subagents, seconds of think time; 20 min of session starts at 0.15-0.25x capacity "
+        "(uncached tokens); replay closed loop with --max-num-batched-tokens "
+        f"{LONG_CONTEXT_BATCHED_TOKENS}",
+    },
+    "agent-sessions-busy": {
+        "family": "agent-sessions", "seed": 17, "shape": AGENT_BUSY_SHAPE, "params": {},
+        "description": "agent-sessions at 1.4x its session rate (0.21-0.35x capacity in uncached "
+        "tokens); replay closed loop with --max-num-batched-tokens "
+        f"{LONG_CONTEXT_BATCHED_TOKENS}",
+    },
 }
 
 
@@ -284,7 +313,7 @@ def build_trace(
 
     Args:
         family: one of `FAMILIES` (sec, sec-long, musique, mooncake, flood, hit-heavy,
-            tenants).
+            tenants, agent-sessions).
         seed: non-negative integer; every random choice derives from it.
         shape: a named or inline load shape (`fairway.traces.shapes.get_shape`); None: the
             family's default. Mooncake keeps its real arrivals and takes none.

@@ -240,6 +240,10 @@ COMMANDS: dict[str, Entry] = {
         Entry("PARSE", "every policy on the long-context Mooncake preset (about a minute)"),
     ".venv/bin/fairway bench --trace tenants --policy fcfs --policy lpm --cache-fraction 1.5":
         Entry("PARSE", "two policies on the two-tenant preset (about 20 s)"),
+    ".venv/bin/fairway bench --trace agent-sessions --policy fcfs --policy lpm --policy fairway "
+    "--max-num-batched-tokens 8192":
+        Entry("PARSE", "three closed-loop replays of the coding-agent sessions preset (about "
+              "30 s)"),
     ".venv/bin/fairway trace build sec-a -o sec-a.jsonl":
         Entry("RUN", "builds a trace in seconds (the shipped preset when the sources are absent)"),
     ".venv/bin/fairway trace stats sec-a.jsonl":

@@ -27,6 +27,29 @@ def test_names_are_unique_and_show_load_shape_and_steps() -> None:
     assert "musique x2 cache0.3 overload" in names
     long = [n for n in names if n.startswith("mooncake-long ")]
     assert long == [f"mooncake-long x{x} cache0.3 steps8192" for x in ("0.2", "0.4", "0.65")]
+    agents = [n for n in names if n.startswith("agent-sessions")]
+    assert agents == ["agent-sessions x1 cache0.3 steps8192",
+                      "agent-sessions-busy x1 cache0.3 steps8192"]
+    musique = [n for n in names if n.startswith("musique ")]
+    assert musique == ["musique x1 cache0.3", "musique x1 cache0.3 open-loop",
+                       "musique x2 cache0.3 overload"]
+    assert len(names) == 20  # the docstring's count
+
+
+def test_only_an_open_loop_scenario_passes_open_loop_to_the_replay() -> None:
+    options = {s.name: s.replay_options() for s in e2.SCENARIOS}
+    assert options["musique x1 cache0.3 open-loop"] == {"cache_fraction": 0.3, "open_loop": True}
+    assert [n for n, o in options.items() if "open_loop" in o] == ["musique x1 cache0.3 open-loop"]
+    assert options["agent-sessions-busy x1 cache0.3 steps8192"] == {
+        "cache_fraction": 0.3, "max_num_batched_tokens": 8192}
+
+
+def test_the_open_loop_flag_is_a_keyword_of_the_replay() -> None:
+    import inspect
+
+    from fairway.replay.sim import replay
+
+    assert "open_loop" in inspect.signature(replay).parameters
 
 
 def test_preset_load_parameters_match_the_name() -> None:

@@ -154,17 +154,19 @@ def test_capacity_scales_request_count() -> None:
 
 def test_registry_names() -> None:
     assert set(FAMILIES) == {
-        "sec", "sec-long", "musique", "mooncake", "flood", "hit-heavy", "tenants"}
+        "sec", "sec-long", "musique", "mooncake", "flood", "hit-heavy", "tenants",
+        "agent-sessions"}
     assert set(PRESETS) == {
         "sec-a", "sec-b", "sec-long", "musique", "mooncake", "flood", "hit-heavy",
         "mooncake-long", "hit-heavy-long", "tenants", "tenants-mixed", "priority",
+        "agent-sessions", "agent-sessions-busy",
     }
     for spec in PRESETS.values():
         make_params(spec["family"], spec["params"])  # every preset parameter is valid
 
 
 def test_unknown_names_and_params() -> None:
-    with pytest.raises(TraceError, match="families: flood, hit-heavy, mooncake"):
+    with pytest.raises(TraceError, match="families: agent-sessions, flood, hit-heavy, mooncake"):
         build_trace("nope", 0)
     with pytest.raises(TraceError, match="unknown parameter.*zipf"):
         build_trace("flood", 0, SHORT, zipf=1)
