@@ -38,9 +38,9 @@ it, so the realised offered load is printed next to the nominal factor.
   shipped. The cache holds the running sessions' contexts while they come back every few
   seconds; when it does not, a turn recomputes its whole context (up to ~85 s on an idle engine).
 
-Policies: fcfs, lpm, klpm-4, ragcache, preble, peek, hrrn, fairway-step (the paper's per-step
-rule, when registered) and fairway. Per scenario (the paper's C2 protocol): the p99 TTFT over all
-requests of the best baseline whose starvation flag is off (worst TTFT <= 3 x its own p99) and
+Policies: fcfs, lpm, klpm-4, ragcache, preble, peek, hrrn, spf, suf, wspt, fairway-step (the
+paper's per-step rule, when registered) and fairway. Per scenario (the paper's C2 protocol): the
+p99 TTFT over all requests of the best baseline whose starvation flag is off (worst TTFT <= 3 x its own p99) and
 that has no errors, Fairway's p99 and the ratio Fairway / best; Fairway / fairway-step (the
 goal: no scenario above 1.02); Fairway / the best of the rest (the lowest p99 of the
 non-starving policies other than `fairway`: the baselines and fairway-step); Fairway's median
@@ -51,7 +51,8 @@ fairway-step goal counts as missed: percentiles over the answered requests would
 Summary lines under the table: the geometric mean and max of Fairway / best baseline and of
 Fairway / best of the rest (with the scenarios where Fairway's p99 is at most theirs), the median
 ratio's max and the scenarios <= 1.10, the starving and the erroring policies per scenario, and
-Fairway / fairway-step's range against its goal; a second table gives every policy's p99.
+Fairway / fairway-step's range against its goal; then every policy's p99 and median, and every
+policy's prefill tokens computed / the least of any policy's (Fairway's goal: <= 1.03).
 Writes e2.md / e2.json / e2.png and one JSON per replay.
 """
 
@@ -78,13 +79,17 @@ from fairway.replay.sweep import ReplayJob  # noqa: E402
 from fairway.traces.build import LONG_CONTEXT_BATCHED_TOKENS, default_capacity_tps  # noqa: E402
 
 NAME = "e2"
-BASELINES = ("fcfs", "lpm", "klpm-4", "ragcache", "preble", "peek", "hrrn")
+BASELINES = (
+    "fcfs", "lpm", "klpm-4", "ragcache", "preble", "peek", "hrrn", "spf", "suf", "wspt",
+)
 #: The paper's per-step rule, compared with `fairway` when it is registered.
 STEP = "fairway-step"
 #: `fairway`'s p99 may exceed `fairway-step`'s by at most this factor in any scenario.
 STEP_TOLERANCE = 1.02
 #: The median column's mark: Fairway's median <= this x the best non-starving baseline's.
 MEDIAN_TOLERANCE = 1.10
+#: The tokens column's mark: Fairway's prefill tokens computed <= this x the least of any policy.
+TOKENS_TOLERANCE = 1.03
 
 
 def run_policies() -> tuple[str, ...]:
@@ -345,6 +350,41 @@ def all_p99_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n\n`*`: starvation flag (worst TTFT > 3 x own p99).\n"
 
 
+def all_median_table(rows: dict[str, dict[str, Any]]) -> str:
+    lines = ["| scenario | " + " | ".join(POLICIES) + " |", "|---|" + "---|" * len(POLICIES)]
+    for name, row in rows.items():
+        cells = [_f(row["median_s"][p]) for p in POLICIES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def computed_tokens(result: Any) -> int:
+    """Prefill tokens the replay computed: every request's prompt minus its cached tokens at
+    admission (a request never admitted counts its whole prompt)."""
+    return sum(r.prompt_tokens - (r.cached_tokens or 0) for r in result.requests)
+
+
+def tokens_table(rows: dict[str, dict[str, Any]]) -> str:
+    """Each policy's tokens computed (M) / the least of any policy's, per scenario, and the
+    line for Fairway's goal (at most `TOKENS_TOLERANCE` x the least)."""
+    lines = ["| scenario | least (M) | " + " | ".join(POLICIES) + " |",
+             "|---|---|" + "---|" * len(POLICIES)]
+    ratios = []
+    for name, row in rows.items():
+        tokens = row["tokens"]
+        least = min(tokens.values())
+        ratio = {p: tokens[p] / least for p in POLICIES}
+        ratios.append(ratio["fairway"])
+        cells = [f"{ratio[p]:.3f}" for p in POLICIES]
+        lines.append(f"| {name} | {least / 1e6:.3f} | " + " | ".join(cells) + " |")
+    within = sum(r <= TOKENS_TOLERANCE for r in ratios)
+    lines.append(
+        f"\nFairway's tokens / the least: max {max(ratios):.3f}; at most {TOKENS_TOLERANCE:.2f} "
+        f"in {within} of {len(ratios)} scenarios.\n"
+    )
+    return "\n".join(lines) + "\n"
+
+
 def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     from matplotlib.figure import Figure
 
@@ -396,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[s.name]["offered_load"] = traces[s.name]["offered_load"]
         rows[s.name]["kv_blocks"] = next(r.settings["kv_cache"]["num_blocks"] for r in results
                                          if r.trace_name == s.name)
+        rows[s.name]["tokens"] = {r.policy: computed_tokens(r) for r in results
+                                  if r.trace_name == s.name}
     plot(rows, out_dir / f"{NAME}.png")
     markdown = (
         "p99 TTFT over all requests; best = lowest p99 among the baselines without a "
@@ -412,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         f"or the budget a name gives (`steps{LONG_CONTEXT_BATCHED_TOKENS}`: the long-context "
         "scenarios).\n\n"
         + table(rows) + "\nAll p99s (s):\n\n" + all_p99_table(rows)
+        + "\nAll medians (s):\n\n" + all_median_table(rows)
+        + "\nPrefill tokens computed (millions; prompt tokens minus the cached tokens at "
+        "admission, over all requests) and each policy's / the least of any policy's:\n\n"
+        + tokens_table(rows)
     )
     finish_experiment(
         out_dir, NAME, markdown, {"scenarios": rows, "traces": traces}, results, args, started
