@@ -37,7 +37,8 @@ class OptionFields:
     protect: bool | None = None
     """Soft eviction protection: the cached blocks of the first `protect_top_k` waiting requests
     move to the most-recently-used end of vLLM's free list, so they are evicted last. null: on
-    for `peek` (the baseline defines it), off for every other policy."""
+    for `fairway` (the cache half of its rule) and `peek` (the baseline defines it), off for
+    every other policy."""
     protect_top_k: _PositiveInt | None = None
     """How many of the first waiting requests are protected; null: vLLM's max_num_seqs."""
     reorder_preempted: bool = False

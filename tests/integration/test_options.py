@@ -22,7 +22,7 @@ def test_defaults():
     options = FairwayOptions.resolve(None, {})
     assert options.policy == "fairway"
     assert options.policy_params == {}
-    assert not options.protect_enabled and not options.reorder_preempted
+    assert options.protect_enabled and not options.reorder_preempted  # fairway: its cache half
     assert options.top_k(128) == 128
     assert FairwayOptions.resolve({"policy": "peek"}, {}).protect_enabled  # PEEK protects
 

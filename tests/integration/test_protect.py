@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +150,92 @@ def test_the_queue_is_split_only_while_a_request_is_set_apart(offline, helpers):
     assert not snap.oversized and not snap.fixed and len(snap.ordered_tickets) == 1
     offline.run_until_idle(sched)
     assert not sched.requests
+
+
+# --- `fairway`'s cache half, on by default: checked every step -----------------------------------
+
+
+def test_fairway_protects_by_default_and_the_option_turns_it_off(offline, helpers):
+    """`protect` null is on for `fairway` (its rule's cache half), off for `fcfs`; an explicit
+    false turns it off for `fairway` too."""
+    from fairway.options import FairwayOptions
+
+    assert FairwayOptions(policy="fairway").protect_enabled
+    assert not FairwayOptions(policy="fcfs").protect_enabled
+    assert not FairwayOptions(policy="fairway", protect=False).protect_enabled
+    for protect, moved in ((None, True), (False, False)):
+        options = None if protect is None else {"protect": protect}
+        sched = offline.make_offline_scheduler(
+            "fairway", num_blocks=40, max_num_batched_tokens=2_048, fairway_options=options
+        )
+        sched.add_request(offline.make_request("P", SHARED, 1.0))
+        offline.run_until_idle(sched)
+        sched.add_request(offline.make_request("B", helpers.tokens(5_000, 80), 2.0))
+        offline.run_until_idle(sched)
+        sched.add_request(offline.make_request("C", helpers.tokens(9_000, 480), 3.0, max_tokens=5))
+        sched.add_request(offline.make_request("W", SHARED + helpers.tokens(7_000, 16), 4.0))
+        offline.step(sched)
+        assert (sched.fairway_totals.protected_blocks > 0) == moved
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 40), st.integers(0, 3)),
+                min_size=6, max_size=30))
+def test_the_first_queued_prefixes_are_evicted_last_every_step(offline, stream):
+    """The cache guarantee of docs/design.md ("Cache reuse under load"), through vLLM's real
+    Scheduler under `fairway`'s defaults: after the pre-pass of every step, the MRU end of vLLM's
+    free queue is exactly the evictable cached blocks of the first K waiting requests in
+    Fairway's order (the first request's first block last), so vLLM, which evicts from the other
+    end, evicts every other free block first; and no request is lost or served twice.
+
+    Stream: (session, new blocks, steps to run before the next arrival); a session's requests
+    extend its previous prompt (agent turns), in a cache too small for every session."""
+    from fairway.vllm import internals, protect
+
+    sched = offline.make_offline_scheduler(
+        "fairway", num_blocks=120, max_num_batched_tokens=256, max_num_seqs=4
+    )
+    checked: list[int] = []
+    real = protect.protect_hit_blocks
+
+    def checking(free_queue, chains):
+        chains = [list(c) for c in chains]
+        moved = real(free_queue, chains)
+        wanted = _mru_order(chains, internals)
+        # wanted[0] (the first request's first block) sits at the very MRU end, and so on
+        assert internals.ends_with(free_queue, wanted)
+        checked.append(len(wanted))
+        return moved
+
+    prompts: dict[int, list[int]] = {}
+    sent = 0
+    try:
+        protect.protect_hit_blocks = checking
+        for n, (session, blocks, steps) in enumerate(stream):
+            prompt = prompts.get(session, []) + list(range(10_000 * (n + 1),
+                                                           10_000 * (n + 1) + 16 * blocks))
+            prompts[session] = prompt
+            sched.add_request(offline.make_request(f"r{n}", prompt, float(n)))
+            sent += 1
+            for _ in range(steps):
+                offline.step(sched)
+        offline.run_until_idle(sched)
+    finally:
+        protect.protect_hit_blocks = real
+    assert not sched.has_requests()
+    assert sched.fairway_totals.policy_fallbacks == 0
+    assert checked  # the pre-pass protected in some step
+
+
+def _mru_order(chains, internals):
+    """The blocks the MRU end must hold, last-evicted first: each chain's evictable blocks in
+    prefix order, chains by priority, each block at its highest-priority occurrence."""
+    seen: set[int] = set()
+    out = []
+    for chain in chains:
+        for block in chain:
+            if id(block) in seen:
+                continue
+            seen.add(id(block))
+            out.extend(internals.evictable_blocks([block]))
+    return out
