@@ -46,7 +46,8 @@ DEFAULT_TRACES = ("sec-a", "sec-b")
 #: Report order: the two references first, then the baselines, then Fairway and its ablations.
 POLICY_ORDER = (
     "fcfs", "lpm", "klpm", "klpm-4", "klpm-8", "hrrn", "ragcache", "preble", "peek",
-    "vllm-window", "fairway", "fairway-step", "fairway-abswait", "fairway-nofair",
+    "spf", "suf", "wspt", "vllm-window", "fairway", "fairway-step", "fairway-abswait",
+    "fairway-nofair",
 )
 
 
