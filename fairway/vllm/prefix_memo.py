@@ -250,6 +250,17 @@ class PrefixMemo:
             blocks.append(block)
         return blocks
 
+    def hit_ending_at(
+        self, key: bytes, protected: Callable[[Request], bool]
+    ) -> list[KVCacheBlock] | None:
+        """The blocks (first block first) of the hit of a waiting request that `protected`
+        accepts and whose hit ends at the block of hash key `key`; None: no such request.
+        Requests whose hit ends at one block share the whole chain, so any of them will do."""
+        for hit in self.by_last.get(key, ()):
+            if hit.ticket >= 0 and protected(hit.request):
+                return self.hit_blocks(hit.ticket)
+        return None
+
     def _verify(self, hit: PrefixHit) -> None:
         """The steady-state checks of one memo (the batch version is in `advance`)."""
         cache_get = self._cache_get

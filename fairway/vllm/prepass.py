@@ -322,12 +322,24 @@ class StepPrepass:
             self.fallback(exc, "explaining a rejected request's error", "its error has no text")
 
     def protect_blocks(self, queue: list[Request]) -> None:
-        """Soft eviction protection of the first K requests' cached blocks. Never raises."""
+        """Soft eviction protection of the first K requests' cached blocks (`fairway.vllm.
+        protect`): only the blocks this step can evict are walked, where the memo indexes hit
+        ends; else every protected hit is moved. Never raises."""
         try:
-            hit_blocks = self.mirror.hit_blocks
-            chains = (hit_blocks(r) for r in queue[: self.top_k])
-            free_queue = internals.free_block_queue(self.scheduler)
-            self.stats.protected_blocks += protect.protect_hit_blocks(free_queue, chains)
+            mirror, sched = self.mirror, self.scheduler
+            free_queue = internals.free_block_queue(sched)
+            if not mirror.indexes_hit_ends:
+                chains = (mirror.hit_blocks(r) for r in queue[: self.top_k])
+                self.stats.protected_blocks += protect.protect_hit_blocks(free_queue, chains)
+                return
+            first = {id(r) for r in queue[: self.top_k]}
+            block_size = internals.block_size_of(internals.kv_cache_manager(sched))
+            at_risk = (-(-internals.token_budget(sched) // block_size)
+                       + internals.free_slots(sched) + len(internals.running_requests(sched)))
+            self.stats.protected_blocks += protect.protect_at_risk(
+                free_queue, at_risk,
+                lambda block: mirror.protected_hit_at(block, lambda r: id(r) in first),
+            )
         except Exception as exc:  # noqa: BLE001
             self.fallback(exc, "protecting cached blocks", "no protection this step")
 

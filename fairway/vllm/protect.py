@@ -1,9 +1,19 @@
 """KV-block accounting around the ordering: soft eviction protection and oversized requests.
 
-Soft protection (the PEEK baseline's cache half, an option for every policy): before vLLM's scan,
-the cached hit blocks of the first K waiting requests that no one holds (ref_cnt == 0, i.e. in the
-free queue, evictable) are moved to the MRU end of vLLM's free queue, the top request's first block
-last. vLLM evicts from the LRU head, so those blocks go only after every other evictable block.
+Soft protection (the PEEK baseline's cache half, an option for every policy, on by default for
+`fairway`): before vLLM's scan, the cached hit blocks of the first K waiting requests that no one
+holds (ref_cnt == 0, i.e. in the free queue, evictable) are kept out of the blocks the step can
+evict. vLLM evicts from the LRU head of its free queue and a step allocates at most A new blocks
+(its token budget in blocks, plus one per request that may start or decode), so only the first A
+free blocks are at risk. `protect_at_risk` walks them: a block that ends the hit of a protected
+request has that whole hit moved to the MRU end (the hit's first block last); the walk goes on
+until it has passed A blocks no protected request needs. Why the hit's last block is the one
+found: vLLM frees a request's blocks last block first, so a chain's deeper blocks always sit
+nearer the LRU head than its shallower ones, and a protected hit reaches the head at its last
+block first (`fairway.vllm.prefix_memo`'s argument). The cost is A blocks walked plus the hits
+moved, each of which then stays safe until every other free block has been allocated; moving the
+first K requests' every hit block each step (`protect_hit_blocks`, still used where the memo is
+not incremental) cost 8-22 ms per step at 1,000 waiting requests (benchmarks/scheduler_overhead.py).
 Nothing is pinned: ref counts and the free-block count are unchanged, so admission can never
 deadlock on protected blocks. Hard pins (`BlockPool.touch` before the scan) would: they take the
 blocks out of the free count, so a head request that needs every free block is refused at every
@@ -15,7 +25,7 @@ needs more blocks than the whole cache has would stop it forever, under any orde
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
@@ -61,6 +71,43 @@ def protect_hit_blocks(
         return 0
     internals.move_to_mru_end(free_queue, reversed(wanted))
     return len(wanted)
+
+
+def protect_at_risk(
+    free_queue: FreeKVCacheBlockQueue,
+    at_risk: int,
+    hit_ending_at: Callable[[KVCacheBlock], list[KVCacheBlock] | None],
+) -> int:
+    """Keep protected hits out of the first `at_risk` blocks vLLM would evict.
+
+    Walks the free queue from its LRU head. `hit_ending_at(block)` gives the blocks (first block
+    first) of a protected request's hit that ends at `block`, or None; such a hit's evictable
+    blocks move to the MRU end (its first block last) and the walk starts again from the head (a
+    move may take the next block with it, so the walk resumes after the last block it passed);
+    any other block counts towards `at_risk`. A block met again after its move (everything free
+    is protected) ends the walk. Returns the number of blocks moved.
+    """
+    moved = 0
+    passed = 0
+    seen: set[int] = set()
+    last: KVCacheBlock | None = None  # the last block passed (never moved)
+    block = internals.eviction_head(free_queue)
+    while block is not None and passed < at_risk:
+        if id(block) in seen:  # the walk came round to what it moved: all free is protected
+            break
+        chain = hit_ending_at(block)
+        if chain:
+            wanted = internals.evictable_blocks(chain)
+            seen.update(map(id, wanted))
+            internals.move_to_mru_end(free_queue, reversed(wanted))
+            moved += len(wanted)
+            block = (internals.eviction_head(free_queue) if last is None
+                     else internals.next_to_evict(free_queue, last))
+            continue
+        passed += 1
+        last = block
+        block = internals.next_to_evict(free_queue, block)
+    return moved
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from vllm.v1.request import Request, RequestStatus
 
+from fairway.vllm import internals
 from fairway.vllm.prefix_memo import PROBE_BUDGET, PrefixMemo
 from fairway.vllm.queue_table import QueueSnapshot, QueueTable
 from fairway.vllm.tier_probe import TierProbe
@@ -97,6 +98,19 @@ class QueueMirror:
         self._register_noted()
         ticket = self.table.ticket_of.get(request)
         return [] if ticket is None else self.memo.hit_blocks(ticket)
+
+    def protected_hit_at(
+        self, block: KVCacheBlock, protected: Callable[[Request], bool]
+    ) -> list[KVCacheBlock] | None:
+        """The hit blocks of a waiting request `protected` accepts whose hit ends at `block`
+        (None: none; always None where the memo is not incremental: it keeps no such index)."""
+        key = internals.block_key(block)
+        return None if key is None else self.memo.hit_ending_at(key, protected)
+
+    @property
+    def indexes_hit_ends(self) -> bool:
+        """Whether `protected_hit_at` can find hits (the memo is incremental)."""
+        return self.memo.incremental
 
     # --- the queue --------------------------------------------------------------------------------
 

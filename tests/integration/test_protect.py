@@ -181,61 +181,54 @@ def test_fairway_protects_by_default_and_the_option_turns_it_off(offline, helper
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 40), st.integers(0, 3)),
                 min_size=6, max_size=30))
-def test_the_first_queued_prefixes_are_evicted_last_every_step(offline, stream):
+def test_no_queued_prefix_among_the_blocks_a_step_can_evict(offline, stream):
     """The cache guarantee of docs/design.md ("Cache reuse under load"), through vLLM's real
-    Scheduler under `fairway`'s defaults: after the pre-pass of every step, the MRU end of vLLM's
-    free queue is exactly the evictable cached blocks of the first K waiting requests in
-    Fairway's order (the first request's first block last), so vLLM, which evicts from the other
-    end, evicts every other free block first; and no request is lost or served twice.
+    Scheduler under `fairway`'s defaults: after the pre-pass of every step, the first A blocks of
+    vLLM's free queue (A: the most the step can allocate, the only blocks it can evict) hold no
+    cached block of the first K waiting requests in Fairway's order, unless fewer than A free
+    blocks are outside their hits; and no request is lost or served twice.
 
     Stream: (session, new blocks, steps to run before the next arrival); a session's requests
     extend its previous prompt (agent turns), in a cache too small for every session."""
-    from fairway.vllm import internals, protect
+    from fairway.vllm import internals
+    from fairway.vllm.prepass import StepPrepass
 
     sched = offline.make_offline_scheduler(
         "fairway", num_blocks=120, max_num_batched_tokens=256, max_num_seqs=4
     )
     checked: list[int] = []
-    real = protect.protect_hit_blocks
+    real = StepPrepass.protect_blocks
 
-    def checking(free_queue, chains):
-        chains = [list(c) for c in chains]
-        moved = real(free_queue, chains)
-        wanted = _mru_order(chains, internals)
-        # wanted[0] (the first request's first block) sits at the very MRU end, and so on
-        assert internals.ends_with(free_queue, wanted)
-        checked.append(len(wanted))
-        return moved
+    def checking(self, queue):
+        real(self, queue)
+        protected = {id(b) for r in queue[: self.top_k] for b in self.mirror.hit_blocks(r)}
+        at_risk = (-(-internals.token_budget(sched) // 16) + internals.free_slots(sched)
+                   + len(internals.running_requests(sched)))
+        free_queue = internals.free_block_queue(sched)
+        head, block = [], internals.eviction_head(free_queue)
+        while block is not None:
+            head.append(block)
+            block = internals.next_to_evict(free_queue, block)
+        outside = [b for b in head if id(b) not in protected]
+        if len(outside) >= at_risk:  # enough unprotected blocks: none protected in the way
+            assert not any(id(b) in protected for b in head[:at_risk])
+        else:  # a shortage: every unprotected block goes first
+            assert all(id(b) not in protected for b in head[: len(outside)])
+        checked.append(len(protected))
 
     prompts: dict[int, list[int]] = {}
-    sent = 0
     try:
-        protect.protect_hit_blocks = checking
+        StepPrepass.protect_blocks = checking
         for n, (session, blocks, steps) in enumerate(stream):
             prompt = prompts.get(session, []) + list(range(10_000 * (n + 1),
                                                            10_000 * (n + 1) + 16 * blocks))
             prompts[session] = prompt
             sched.add_request(offline.make_request(f"r{n}", prompt, float(n)))
-            sent += 1
             for _ in range(steps):
                 offline.step(sched)
         offline.run_until_idle(sched)
     finally:
-        protect.protect_hit_blocks = real
+        StepPrepass.protect_blocks = real
     assert not sched.has_requests()
     assert sched.fairway_totals.policy_fallbacks == 0
     assert checked  # the pre-pass protected in some step
-
-
-def _mru_order(chains, internals):
-    """The blocks the MRU end must hold, last-evicted first: each chain's evictable blocks in
-    prefix order, chains by priority, each block at its highest-priority occurrence."""
-    seen: set[int] = set()
-    out = []
-    for chain in chains:
-        for block in chain:
-            if id(block) in seen:
-                continue
-            seen.add(id(block))
-            out.extend(internals.evictable_blocks([block]))
-    return out

@@ -61,12 +61,14 @@ from typing import TYPE_CHECKING, Any
 from fairway.errors import FairwayError
 from fairway.vllm.internals.kv_cache import (
     block_hash_map,
+    block_key,
     block_pool,
     block_size_of,
     coordinator_of,
     ends_with,
     entry_block_reader,
     evictable_blocks,
+    eviction_head,
     free_block_queue,
     free_blocks,
     group_key_suffix,
@@ -77,6 +79,7 @@ from fairway.vllm.internals.kv_cache import (
     kv_usage,
     longest_cache_hit,
     move_to_mru_end,
+    next_to_evict,
     pool_of,
     prefix_cache_lookup_enabled,
     skips_external_kv,
@@ -162,14 +165,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FairwayError", "INTERNAL_NAMES", "OffloadTransfers", "STEP_PLAN_INTERNAL_NAMES", "VllmShape",
-    "active_limit", "block_hash_map", "block_pool", "block_size_of",
+    "active_limit", "block_hash_map", "block_key", "block_pool", "block_size_of",
     "cache_aware_admission_window", "can_admit", "check_internals", "check_step_plan_internals",
     "chunked_prefill", "coordinator_of", "decode_tokens_per_step", "deferred_count", "ends_with",
-    "entry_block_reader", "error_message", "evictable_blocks", "explain_errors",
+    "entry_block_reader", "error_message", "evictable_blocks", "eviction_head", "explain_errors",
     "finished_request_ids", "free_block_queue", "free_blocks", "free_slots", "group_key_suffix",
     "has_running_prefill", "hash_map_dict", "hash_map_getter", "is_prefill_chunk",
     "keys_are_suffixed", "kv_cache_manager", "kv_connector", "kv_usage", "longest_cache_hit",
     "max_load_tokens", "model_runner_output", "move_to_front", "move_to_mru_end", "new_requests",
+    "next_to_evict",
     "offload_alignment_bytes", "offload_busy_requests", "offload_chunks_being_loaded",
     "offload_generation", "offload_group", "offload_job_counter", "offload_job_keys",
     "offload_jobs", "offload_key_suffix", "offload_lookup", "offload_lookup_results",
@@ -213,10 +217,12 @@ INTERNAL_NAMES: tuple[str, ...] = (
     "FreeKVCacheBlockQueue.remove",
     "FreeKVCacheBlockQueue.append",
     "FreeKVCacheBlockQueue.fake_free_list_tail",
+    "FreeKVCacheBlockQueue.fake_free_list_head",
     "KVCacheBlock.ref_cnt",
     "KVCacheBlock.block_hash",
     "KVCacheBlock.is_null",
     "KVCacheBlock.prev_free_block",
+    "KVCacheBlock.next_free_block",
     "Request.num_preemptions",
 )
 

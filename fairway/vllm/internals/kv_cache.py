@@ -212,6 +212,28 @@ def move_to_mru_end(free_queue: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheB
         free_queue.append(block)  # vLLM internal: FreeKVCacheBlockQueue.append
 
 
+def block_key(block: KVCacheBlock) -> bytes | None:
+    """A cached block's key in the block pool's hash map (the hash with its group id; the
+    memo's index keys), or None for a block that holds no cached content."""
+    key: bytes | None = block.block_hash  # vLLM internal: KVCacheBlock.block_hash
+    return key
+
+
+def eviction_head(free_queue: FreeKVCacheBlockQueue) -> KVCacheBlock | None:
+    """The free block vLLM evicts next (the LRU end), or None when the queue is empty."""
+    # vLLM internals: FreeKVCacheBlockQueue.fake_free_list_head / fake_free_list_tail,
+    # KVCacheBlock.next_free_block (the list's sentinels and links)
+    first = free_queue.fake_free_list_head.next_free_block
+    return None if first is None or first is free_queue.fake_free_list_tail else first
+
+
+def next_to_evict(free_queue: FreeKVCacheBlockQueue, block: KVCacheBlock) -> KVCacheBlock | None:
+    """The free block vLLM evicts after `block`, or None at the MRU end."""
+    # vLLM internal: KVCacheBlock.next_free_block
+    following = block.next_free_block
+    return None if following is None or following is free_queue.fake_free_list_tail else following
+
+
 def ends_with(free_queue: FreeKVCacheBlockQueue, wanted: Sequence[KVCacheBlock]) -> bool:
     """True if the free queue already ends with wanted[-1], ..., wanted[0] (wanted[0] last)."""
     # vLLM internals: FreeKVCacheBlockQueue.fake_free_list_tail, KVCacheBlock.prev_free_block
