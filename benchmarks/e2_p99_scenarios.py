@@ -40,19 +40,19 @@ it, so the realised offered load is printed next to the nominal factor.
 
 Policies: fcfs, lpm, klpm-4, ragcache, preble, peek, hrrn, spf, suf, wspt, fairway-step (the
 paper's per-step rule, when registered) and fairway. Per scenario (the paper's C2 protocol): the
-p99 TTFT over all requests of the best baseline whose starvation flag is off (worst TTFT <= 3 x its own p99) and
-that has no errors, Fairway's p99 and the ratio Fairway / best; Fairway / fairway-step (the
-goal: no scenario above 1.02); Fairway / the best of the rest (the lowest p99 of the
-non-starving policies other than `fairway`: the baselines and fairway-step); Fairway's median
-TTFT / the lowest median of the non-starving baselines (mark: <= 1.10); every policy with a
-starvation flag, Fairway's included; and each policy's errors (requests without a first token:
-such a policy is never a best, and where Fairway has any its ratios are left out and the
-fairway-step goal counts as missed: percentiles over the answered requests would flatter it).
-Summary lines under the table: the geometric mean and max of Fairway / best baseline and of
-Fairway / best of the rest (with the scenarios where Fairway's p99 is at most theirs), the median
-ratio's max and the scenarios <= 1.10, the starving and the erroring policies per scenario, and
-Fairway / fairway-step's range against its goal; then every policy's p99 and median, and every
-policy's prefill tokens computed / the least of any policy's (Fairway's goal: <= 1.03).
+p99 TTFT over all requests of the best baseline whose starvation flag is off (worst TTFT <= 3 x its
+own p99) and that has no errors, Fairway's p99 and the ratio Fairway / best; Fairway / fairway-step
+(the goal: no scenario above 1.02); Fairway / the best of the rest (the lowest p99 of the
+non-starving policies other than `fairway`: the baselines and fairway-step); Fairway's median TTFT /
+the lowest median of the non-starving baselines (mark: <= 1.10); every policy with a starvation
+flag, Fairway's included; and each policy's errors (requests without a first token: such a policy
+is never a best, and where Fairway has any its ratios are left out and the fairway-step goal counts
+as missed: percentiles over the answered requests would flatter it). Summary lines under the table:
+the geometric mean and max of Fairway / best baseline and of Fairway / best of the rest (with the
+scenarios where Fairway's p99 is at most theirs), the median ratio's max and the scenarios <= 1.10,
+the starving and the erroring policies per scenario, and Fairway / fairway-step's range against its
+goal; then every policy's p99 and median, and every policy's prefill tokens computed / the least of
+any policy's (Fairway's goal: <= 1.03).
 Writes e2.md / e2.json / e2.png and one JSON per replay.
 """
 
