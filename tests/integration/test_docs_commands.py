@@ -232,8 +232,8 @@ COMMANDS: dict[str, Entry] = {
     "--server-cpus 0 --engine-cpus 1 --client-cpus 0 --serve-arg=--gpu-memory-utilization=0.15 "
     "--serve-arg=--dtype=float32 --out results/fidelity-mooncake":
         Entry("PARSE", "starts servers and replays live for about 45 minutes"),
-    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway fairway-step --sizes "
-    "1000 10000 --no-memory":
+    ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway --sizes 1000 10000 "
+    "--no-memory":
         Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
     # benchmarks/README.md
     ".venv/bin/fairway bench --trace mooncake-long --max-num-batched-tokens 8192":
