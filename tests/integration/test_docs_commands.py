@@ -185,9 +185,9 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1":
         Entry("PARSE", "26 replays (about a minute)"),
     ".venv/bin/python benchmarks/e2_p99_scenarios.py --out results/e2":
-        Entry("PARSE", "153 replays (minutes); the overload scenarios build from ../shared data"),
-    '.venv/bin/python benchmarks/tail_analysis.py --replays results/e2/replays --scenario '
-    '"sec-a x1.3 cache0.3" --scenario "sec-long x1 cache0.3" --out results/tail':
+        Entry("PARSE", "240 replays (minutes); the overload scenarios build from ../shared data"),
+    ".venv/bin/python benchmarks/tail_analysis.py --replays results/e2/replays --policy fcfs "
+    "--policy lpm --policy ragcache --policy fairway --out results/tail":
         Entry("PARSE", "reads the replay files the E2 command before it writes"),
     ".venv/bin/python benchmarks/e3_flood.py --out results/e3 --policy fcfs --policy lpm "
     "--policy klpm --policy klpm-4 --policy klpm-8 --policy hrrn --policy fairway-step "
