@@ -96,14 +96,16 @@ def protect_at_risk(
         if id(block) in seen:  # the walk came round to what it moved: all free is protected
             break
         chain = hit_ending_at(block)
-        if chain:
-            wanted = internals.evictable_blocks(chain)
+        wanted = internals.evictable_blocks(chain) if chain else []
+        if any(b is block for b in wanted):
             seen.update(map(id, wanted))
             internals.move_to_mru_end(free_queue, reversed(wanted))
             moved += len(wanted)
             block = (internals.eviction_head(free_queue) if last is None
                      else internals.next_to_evict(free_queue, last))
             continue
+        # not in a protected hit: no hit ends here, or this is a second cached copy of a block
+        # whose hit holds another (vLLM may keep duplicates of one hash): evicting it loses nothing
         passed += 1
         last = block
         block = internals.next_to_evict(free_queue, block)
