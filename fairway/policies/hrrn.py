@@ -1,5 +1,6 @@
-"""SGLang's HRRN as merged: response ratio on a token clock, FCFS above 128 waiting. Must not
-import vllm."""
+"""SGLang's HRRN as merged: response ratio on a token clock, FCFS above 128 waiting.
+
+This module must not import vllm."""
 
 from __future__ import annotations
 

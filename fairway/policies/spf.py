@@ -1,5 +1,6 @@
-"""SGLang's shortest-prefill-first, with its chunk reserve for shorter waiting requests. Must not
-import vllm."""
+"""SGLang's shortest-prefill-first, with its chunk reserve for shorter waiting requests.
+
+This module must not import vllm."""
 
 from __future__ import annotations
 

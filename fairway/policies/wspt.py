@@ -1,5 +1,6 @@
-"""NVIDIA Dynamo's router queue ordered by WSPT (weighted shortest processing time). Must not
-import vllm."""
+"""NVIDIA Dynamo's router queue ordered by WSPT (weighted shortest processing time).
+
+This module must not import vllm."""
 
 from __future__ import annotations
 
