@@ -334,7 +334,7 @@ class StepPrepass:
                 return
             first = {id(r) for r in queue[: self.top_k]}
             block_size = internals.block_size_of(internals.kv_cache_manager(sched))
-            at_risk = (-(-internals.token_budget(sched) // block_size)
+            at_risk = (protect.blocks_needed(internals.token_budget(sched), block_size)
                        + internals.free_slots(sched) + len(internals.running_requests(sched)))
             self.stats.protected_blocks += protect.protect_at_risk(
                 free_queue, at_risk,

@@ -82,10 +82,10 @@ def protect_at_risk(
 
     Walks the free queue from its LRU head. `hit_ending_at(block)` gives the blocks (first block
     first) of a protected request's hit that ends at `block`, or None; such a hit's evictable
-    blocks move to the MRU end (its first block last) and the walk starts again from the head (a
-    move may take the next block with it, so the walk resumes after the last block it passed);
-    any other block counts towards `at_risk`. A block met again after its move (everything free
-    is protected) ends the walk. Returns the number of blocks moved.
+    blocks move to the MRU end (its first block last) and the walk resumes after the last block it
+    passed (a move may take the next block with it); any other block counts towards `at_risk`.
+    A block met again after its move (everything free is protected) ends the walk. Returns the
+    number of blocks moved.
     """
     moved = 0
     passed = 0
