@@ -4,9 +4,11 @@ Two kinds of router keep such an index. The KV-event routers (vLLM's router `kv_
 Dynamo's KV router, Fairway's `fairway-work`) fill it from the nodes' `BlockStored` /
 `BlockRemoved` events (`KVEventIndex`); llm-d's approximate prefix producer fills it with the
 prompts it routed (`fairway.fleet.routers.llm_d`). Both ask one question: how many of a prompt's
-leading blocks does each node hold. Block hashes are chained (block k's hash covers blocks
-0..k), so a node holding block k normally holds the whole prefix; after an eviction it may not,
-and the two projects count differently (`leading_run` vs `greedy_run`).
+leading blocks does each node hold. Block hashes are chained (block k's hash covers blocks 0..k),
+so a node holding block k normally holds the whole prefix; after an eviction it may not, and the
+two projects count differently (`leading_run` vs `greedy_run`). Dynamo also keeps the blocks of
+the requests it has in flight in one (`held`: how many of a new prompt's blocks are active on
+each worker already).
 
 A node may cache one hash twice (vLLM keeps a duplicate when two requests computed the same
 block at once, and sends an event for each copy), so a holder is counted: the block stays
@@ -65,6 +67,14 @@ class BlockIndex:
     def holders(self, block_hash: int) -> Mapping[int, int]:
         """The nodes holding `block_hash` (empty if none)."""
         return self._holders.get(block_hash, {})
+
+    def held(self, block_hashes: Sequence[int]) -> list[int]:
+        """Per node, how many of `block_hashes` it holds, wherever they stand in the prompt."""
+        count = [0] * self.num_nodes
+        for block_hash in block_hashes:
+            for node in self.holders(block_hash):
+                count[node] += 1
+        return count
 
     def leading_run(self, block_hashes: Sequence[int]) -> list[int]:
         """Per node, how many of the prompt's first blocks it holds without a gap (vLLM's

@@ -46,7 +46,7 @@ from fairway.fleet.routers.base import (
     min_cost_nodes,
     softmax_sample,
 )
-from fairway.fleet.routers.block_index import KVEventIndex
+from fairway.fleet.routers.block_index import BlockIndex, KVEventIndex
 from fairway.fleet.routers.inflight import InFlight
 from fairway.fleet.routing import FleetView, RoutedRequest
 
@@ -61,29 +61,6 @@ class DynamoKvConfig:
     """0: the least logit; above: softmax sampling over the logits."""
 
 
-class _ActiveBlocks:
-    """One worker's active blocks by the router's count: block hash -> active requests using it."""
-
-    __slots__ = ("refs",)
-
-    def __init__(self) -> None:
-        self.refs: dict[int, int] = {}
-
-    def new_blocks(self, block_hashes: tuple[int, ...]) -> int:
-        return sum(1 for block_hash in block_hashes if block_hash not in self.refs)
-
-    def add(self, block_hashes: tuple[int, ...]) -> None:
-        for block_hash in block_hashes:
-            self.refs[block_hash] = self.refs.get(block_hash, 0) + 1
-
-    def free(self, block_hashes: tuple[int, ...]) -> None:
-        for block_hash in block_hashes:
-            if self.refs[block_hash] == 1:
-                del self.refs[block_hash]
-            else:
-                self.refs[block_hash] -= 1
-
-
 class DynamoKv:
     """Dynamo's KV router: least weighted prefill blocks + decode blocks, by its own accounting."""
 
@@ -95,19 +72,21 @@ class DynamoKv:
         self.num_nodes = num_nodes
         self.index = KVEventIndex(num_nodes)
         self.in_flight = InFlight(num_nodes)  # tokens = the prefill tokens charged
-        self._blocks = [_ActiveBlocks() for _ in range(num_nodes)]
+        # The blocks of the active requests, counted per request using them (`unique_blocks`).
+        self.active = BlockIndex(num_nodes)
         self._hashes_of: dict[str, tuple[int, ...]] = {}
         self._rng = random.Random(seed)
 
     def logits(self, request: RoutedRequest, overlaps: list[int]) -> list[float]:
         """Each worker's logit for `request` given its overlap blocks."""
         weight = self.config.overlap_score_weight
+        held = self.active.held(request.block_hashes)
         result = []
         for node in range(self.num_nodes):
             cached = overlaps[node] * request.block_size
             prefill_tokens = self.in_flight.tokens[node] + max(0, request.prompt_tokens - cached)
-            active = self._blocks[node]
-            decode_blocks = len(active.refs) + active.new_blocks(request.block_hashes)
+            new_blocks = len(request.block_hashes) - held[node]
+            decode_blocks = self.active.sizes[node] + new_blocks
             result.append(weight * prefill_tokens / request.block_size + decode_blocks)
         return result
 
@@ -128,10 +107,12 @@ class DynamoKv:
         node = self._pick(self.logits(request, overlaps))
         cached = overlaps[node] * request.block_size
         self.in_flight.add(request.request_id, node, max(0, request.prompt_tokens - cached))
-        self._blocks[node].add(request.block_hashes)
+        for block_hash in request.block_hashes:
+            self.active.add(node, block_hash)
         self._hashes_of[request.request_id] = request.block_hashes
         return node
 
     def finished(self, request_id: str, node: int, now_s: float) -> None:
         self.in_flight.remove(request_id, node)
-        self._blocks[node].free(self._hashes_of.pop(request_id))
+        for block_hash in self._hashes_of.pop(request_id):
+            self.active.remove(node, block_hash)
