@@ -5,13 +5,14 @@ longer counts once the removal is delivered."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
 from test_routers import FakeView, load, req
 
 from fairway.fleet.routers import make_router
-from fairway.fleet.routers.base import loads_by_node
+from fairway.fleet.routers.base import loads_by_node, softmax_sample
 from fairway.fleet.routers.block_index import BlockIndex, hit_tokens
 from fairway.fleet.routers.llm_d import ApproximatePrefixIndex, queue_scores
 from fairway.fleet.routing import KVEvent
@@ -192,3 +193,15 @@ def test_fairway_work_ties_go_to_the_longer_hit_then_the_lowest_index() -> None:
     assert router.route(req("a", PROMPT), view, 0.0) == 1
     view.published = [load(0, queued=50), load(1, queued=50)]  # node 2 published nothing
     assert router.route(req("b", [7]), view, 0.0) == 2  # 0 + 16 < 50 + 16
+
+
+def test_a_temperature_above_zero_samples_lower_costs_more_often() -> None:
+    rng = random.Random(0)
+    picks = [softmax_sample([0.0, 10.0, 10.0], 0.1, rng) for _ in range(200)]
+    assert picks.count(0) > 190  # exp(-10) per costly node
+    even = [softmax_sample([3.0, 3.0], 0.1, rng) for _ in range(200)]
+    assert 60 < even.count(0) < 140
+    router, view = make_router("dynamo-kv", 2, seed=1, router_temperature=1.0), FakeView(2)
+    view.store(1, *PROMPT)
+    nodes = [router.route(req(f"r{i}", PROMPT), view, 0.0) for i in range(40)]
+    assert set(nodes) == {0, 1}  # sampled, not the argmin every time
