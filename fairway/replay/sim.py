@@ -21,6 +21,7 @@ import importlib.metadata
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fairway
@@ -48,6 +49,7 @@ from fairway.replay.sim_loop import ReplayHooks, ReplayLoop, VirtualClock
 
 if TYPE_CHECKING:
     from fairway.traces.format import Trace
+    from fairway.vllm.scheduler import FairwayScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,78 @@ def trace_tenants(trace: Trace, options: FairwayOptions) -> FairwayOptions:
     if not names:
         return options
     return FairwayOptions.for_replay(options, serving={"tenants": names}, source="the trace's")
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What every engine of a replay shares: the policy's options, the cost model and the
+    profile; `make_scheduler` builds one engine (the single replay builds one, the fleet replay
+    one per node, each with its own policy instance).
+
+    Attributes:
+        table: the T(L) table the cost model prices steps with.
+        cost: the step-time model.
+        profile_ref: the profile as the options name it (a shipped name or path, else the table).
+        options: the scheduler options, the trace's tenants added (`scheduler_options`).
+        scheduling_policy: vLLM's `--scheduling-policy` (fcfs, or priority for a trace with
+            priorities unless given).
+        max_model_len: the trace's longest prompt plus output, in whole blocks (`model_len`).
+    """
+
+    table: PrefillProfile
+    cost: StepTimeModel
+    profile_ref: PrefillProfile | str
+    options: FairwayOptions
+    scheduling_policy: str
+    max_model_len: int
+
+    def make_scheduler(self, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
+                       max_num_seqs: int, kv_transfer_config: Any = None,
+                       kv_events: bool = False) -> FairwayScheduler:
+        """A fresh engine (Fairway's scheduler class, a new policy object) over `num_blocks`;
+        `kv_events`: vLLM's KV cache events on (`--kv-events-config`, published nowhere)."""
+        from fairway.vllm import offline
+        from fairway.vllm.scheduler import FairwayScheduler
+
+        scheduler = offline.make_offline_scheduler(
+            self.options,
+            scheduling_policy=self.scheduling_policy,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=self.max_model_len,
+            log_stats=False,  # no Prometheus series per replay; the totals are kept anyway
+            kv_transfer_config=kv_transfer_config,
+            kv_events=kv_events,
+        )
+        assert isinstance(scheduler, FairwayScheduler)  # a policy is named: Fairway's class
+        return scheduler
+
+
+def engine_setup(
+    trace: Trace,
+    policy: str | FairwayOptions,
+    *,
+    profile: PrefillProfile | str | None = None,
+    policy_params: Mapping[str, Any] | None = None,
+    fairway_options: Mapping[str, Any] | None = None,
+    step_overhead_s: float | None = None,
+    scheduling_policy: str | None = None,
+    block_size: int = 16,
+) -> EngineSetup:
+    """The shared part of a replay's engines (`replay`'s arguments of the same names)."""
+    table = resolve_profile(profile)
+    cost = step_time.for_profile(table, step_overhead_s)
+    # A name or path travels as such (short start-up log line); the policy loads the same table.
+    ref = DEFAULT_PROFILE if profile is None else profile
+    ref = ref if isinstance(ref, PrefillProfile) else str(ref)
+    options = scheduler_options(policy, ref, policy_params, fairway_options)
+    if "tenants" not in options.sources:
+        options = trace_tenants(trace, options)
+    if scheduling_policy is None:
+        scheduling_policy = "priority" if any(r.priority for r in trace) else "fcfs"
+    return EngineSetup(table, cost, ref, options, scheduling_policy, model_len(trace, block_size))
 
 
 def replay(
@@ -183,40 +257,27 @@ def replay(
     """
     check_prompt_lengths(trace, trace_name)  # before vLLM's import, so a worker fails fast
     releases = Releases(trace.requests, open_loop=open_loop)  # checks the sessions, also early
-    from fairway.vllm import offline, offload_worker  # lazy: imports vLLM (~5-10 s)
-    from fairway.vllm.scheduler import FairwayScheduler
+    from fairway.vllm import offload_worker  # lazy: imports vLLM (~5-10 s)
 
     started = time.perf_counter()
-    table = resolve_profile(profile)
-    cost = step_time.for_profile(table, step_overhead_s)
+    setup = engine_setup(
+        trace, policy, profile=profile, policy_params=policy_params,
+        fairway_options=fairway_options, step_overhead_s=step_overhead_s,
+        scheduling_policy=scheduling_policy, block_size=block_size,
+    )
+    table, cost, ref, options = setup.table, setup.cost, setup.profile_ref, setup.options
     sizing = size_cache(
         trace, cache_fraction=cache_fraction, num_blocks=num_blocks, block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    max_model_len = model_len(trace, block_size)
     tier_size = size_tier(table, block_size, kv_offloading_gib, offload_blocks, load_cost)
-    # A name or path travels as such (short start-up log line); the policy loads the same table.
-    ref = DEFAULT_PROFILE if profile is None else profile
-    ref = ref if isinstance(ref, PrefillProfile) else str(ref)
-    options = scheduler_options(policy, ref, policy_params, fairway_options)
-    if "tenants" not in options.sources:
-        options = trace_tenants(trace, options)
     policy = options.policy
-    if scheduling_policy is None:
-        scheduling_policy = "priority" if any(r.priority for r in trace) else "fcfs"
-    scheduler = offline.make_offline_scheduler(
-        options,
-        scheduling_policy=scheduling_policy,
-        block_size=block_size,
-        num_blocks=sizing.num_blocks,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        log_stats=False,  # no Prometheus series per replay; the totals are kept anyway
+    scheduler = setup.make_scheduler(
+        num_blocks=sizing.num_blocks, block_size=block_size,
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         kv_transfer_config=(None if tier_size is None  # vLLM's default: no connector
                             else offload_worker.transfer_config(tier_size.blocks)),
     )
-    assert isinstance(scheduler, FairwayScheduler)  # a policy is named: Fairway's class
     tier = None
     if tier_size is not None:
         offload_worker.check_tier_blocks(scheduler, tier_size.blocks)
@@ -229,7 +290,8 @@ def replay(
     loop = ReplayLoop(trace, scheduler, cost, clock, block_size, progress, hooks, tier, releases)
     loop.run()
     wall = time.perf_counter() - started
-    settings = _settings(trace, policy, scheduler, cost, sizing, loop)
+    settings = engine_settings(trace, policy, scheduler, cost, sizing, loop.num_steps,
+                               loop.recorder.num_preemptions)
     arrivals = arrivals_setting(trace.requests, open_loop)
     if arrivals is not None:  # no key without sessions: those results keep their bytes
         settings["arrivals"] = arrivals
@@ -262,8 +324,8 @@ def replay(
 
 
 
-def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
-              sizing: CacheSizing, loop: ReplayLoop) -> dict[str, Any]:
+def engine_settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
+                    sizing: CacheSizing, steps: int, preemptions: int) -> dict[str, Any]:
     """Everything needed to reproduce (and to trust) the run; deterministic (no wall times).
 
     The engine's limits are read back from the scheduler's own config, so the result shows what
@@ -296,8 +358,8 @@ def _settings(trace: Trace, policy: str, scheduler: Any, cost: StepTimeModel,
             "params": dict(header.params), "num_requests": header.num_requests,
         },
         "engine": {
-            "steps": loop.num_steps,
-            "preemptions": loop.recorder.num_preemptions,
+            "steps": steps,
+            "preemptions": preemptions,
             "policy_fallbacks": totals.policy_fallbacks,
             "oversized_rejected": totals.oversized_rejected,
             "placed_by_lane": dict(totals.placed),

@@ -1,12 +1,14 @@
 """The event loop of one virtual-clock replay: arrivals, engine steps, the clock, the record.
 
-`VirtualClock` keeps time, `_Recorder` fills the `RequestResult`s, and `ReplayLoop` drives
-vLLM's scheduler step by step: it adds each request at its release (its recorded arrival, or for a
-session turn its parent's first token plus the think time: `fairway.replay.sessions`), answers
-each step with a fake model output, and moves the clock by the cost model's time of the step. Why
-apart from `fairway.replay.sim`: that module sets the engine up and writes the result; this is
-what runs in between. Must not import vllm at import time: the engine-side modules are imported
-where used.
+`VirtualClock` keeps time, `Recorder` fills the `RequestResult`s, `EngineNode` is one engine (vLLM's
+scheduler, its clock, its cost model: a request added at a time, one step at a time, each step
+answered with a fake model output and timed by the cost model), and `ReplayLoop` drives one node:
+it adds each request at its release (its recorded arrival, or for a session turn its parent's first
+token plus the think time: `fairway.replay.sessions`) and steps the engine. The fleet replay
+(`fairway.fleet.replay`) drives many `EngineNode`s on one event loop, so a node steps by the same
+code in both. Why apart from `fairway.replay.sim`: that module sets the engine up and writes the
+result; this is what runs in between. Must not import vllm at import time: the engine-side
+modules are imported where used.
 """
 
 from __future__ import annotations
@@ -81,15 +83,19 @@ class ReplayHooks:
     on_step: Callable[[StepRecord], None] | None = None
 
 
-class _Recorder:
+class Recorder:
     """Per-request facts of the replay, turned into `RequestResult`s at the end.
 
-    A request's first token or failure resolves it in `releases`, which releases its children.
+    A request's first token or failure resolves it in `releases`, which releases its children,
+    and is told to `on_resolved(trace index, when)` (the fleet replay's router learns of it so).
+    One recorder serves every engine of a replay: request ids are unique in a trace.
     """
 
-    def __init__(self, requests: Sequence[TraceRequest], releases: Releases) -> None:
+    def __init__(self, requests: Sequence[TraceRequest], releases: Releases,
+                 on_resolved: Callable[[int, float], None] | None = None) -> None:
         self.requests = requests
         self.releases = releases
+        self.on_resolved = on_resolved
         n = len(requests)
         self.index = {r.request_id: i for i, r in enumerate(requests)}
         self.first_scheduled: list[float | None] = [None] * n
@@ -113,6 +119,8 @@ class _Recorder:
             self.first_token[i] = step_end
             self.num_done += 1
             self.releases.resolved(i, step_end)
+            if self.on_resolved is not None:
+                self.on_resolved(i, step_end)
 
     def fail(self, request_id: str, reason: str, when: float) -> None:
         """Record a failure at `when` (the first reason counts; none after a first token)."""
@@ -121,6 +129,8 @@ class _Recorder:
             self.error[i] = reason
             self.num_done += 1
             self.releases.resolved(i, when)
+            if self.on_resolved is not None:
+                self.on_resolved(i, when)
 
     def results(self, tier_tokens: Mapping[str, int] | None = None) -> list[RequestResult]:
         """One result per trace request; `tier_tokens` (a tier's loads per request id) sets
@@ -154,90 +164,85 @@ class _Recorder:
         return out
 
 
-# --- the loop -------------------------------------------------------------------------------------
+# --- one engine -----------------------------------------------------------------------------------
 
 
-class ReplayLoop:
-    """The event loop of one replay: arrivals, steps, clock, recording.
+class EngineNode:
+    """One engine of a replay: vLLM's scheduler with its own virtual clock, cost model and (with
+    an offload tier) tier; requests are added one at a time and the engine steps once at a time.
 
-    Requests enter at their release times (`releases`; None: closed loop): the recorded
-    arrivals, and a session turn its think time after its parent's first token or failure.
+    The single-node replay (`ReplayLoop`) drives one, the fleet replay (`fairway.fleet`) many;
+    both step it with `turn`, so a node of a fleet runs exactly the code a single replay runs.
+    The facts of each request go to the shared `Recorder`. `next_release` gives the replay's
+    next release time (None: none pending), which a node waiting for its tier moves to at most.
     """
 
-    def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
-                 clock: VirtualClock, block_size: int, progress: bool,
-                 hooks: ReplayHooks | None, tier: TierTransfers | None = None,
-                 releases: Releases | None = None) -> None:
+    def __init__(self, scheduler: FairwayScheduler, cost: StepTimeModel, clock: VirtualClock,
+                 block_size: int, recorder: Recorder, next_release: Callable[[], float | None],
+                 *, tier: TierTransfers | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None) -> None:
         from fairway.vllm import offline_vllm  # lazy, as every vLLM-side import here
 
-        self.requests = trace.requests
         self.scheduler = scheduler
         self.cost = cost
         self.clock = clock
         self.block_size = block_size
-        self.vocab_size = int(offline_vllm.TINY_MODEL_CONFIG["vocab_size"])
-        self.releases = Releases(trace.requests) if releases is None else releases
-        self.recorder = _Recorder(trace.requests, self.releases)
-        self.on_step = hooks.on_step if hooks is not None else None
-        self.progress = progress
+        self.recorder = recorder
+        self.requests = recorder.requests
+        self.next_release = next_release
         self.tier = tier
+        self.on_step = on_step
+        self.vocab_size = int(offline_vllm.TINY_MODEL_CONFIG["vocab_size"])
         self.num_steps = 0
         self.empty_steps = 0
-        self.aborted = False
 
-    def run(self) -> None:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(self.requests), disable=not self.progress, unit="req",
-                   desc="replay", leave=False, mininterval=0.5)
-        try:
-            while not self.aborted:
-                self._admit_arrivals()
-                busy = self.scheduler.has_unfinished_requests()
-                # idle, every added request is resolved, so every child is in the heap
-                release = self.releases.next_s()
-                if not busy and release is None:
-                    break
-                if not busy and not self._tier_pending():
-                    assert release is not None
-                    self.clock.jump_to(release)
-                    continue
-                done_before = self.recorder.num_done
-                polling = self._tier_pending()
-                if self._step():
-                    self.empty_steps = 0
-                elif polling:
-                    # vLLM's engine keeps stepping (polling its worker) while transfers are in
-                    # flight: a poll is no stall, and the polls that would find nothing are
-                    # skipped
-                    self._wait_for_tier()
-                    self.empty_steps = 0
-                else:
-                    # an engine loops again at once after a step with nothing to schedule (a
-                    # policy may change its plan after one); only a second one in a row stalls
-                    self.empty_steps += 1
-                    if self.empty_steps > 1:
-                        self._stalled()
-                bar.update(self.recorder.num_done - done_before)
-        finally:
-            bar.close()
-        self._drain()
-
-    def _admit_arrivals(self) -> None:
-        """Add every request released by now, stamped with its release time (token ids built
-        once, here)."""
+    def make_request(self, index: int, arrival: float) -> Any:
+        """The vLLM `Request` of trace request `index`, stamped with `arrival` (token ids built
+        once, here; block hashes by vLLM's hasher)."""
         from fairway.vllm import offline
 
-        for i in self.releases.due(self.clock.now):
-            r = self.requests[i]
-            arrival = self.releases.release_s[i]
-            assert arrival is not None  # in the heap, so released
-            self.scheduler.add_request(offline.make_request(
-                r.request_id, r.token_ids(self.vocab_size), arrival, r.max_tokens,
-                block_size=self.block_size, priority=r.priority, tenant=r.tenant,
-            ))
+        r = self.requests[index]
+        return offline.make_request(
+            r.request_id, r.token_ids(self.vocab_size), arrival, r.max_tokens,
+            block_size=self.block_size, priority=r.priority, tenant=r.tenant,
+        )
 
-    def _step(self) -> bool:
+    def add(self, request: Any) -> None:
+        """Hand a request built by `make_request` to the engine (between steps, as an engine
+        adds them)."""
+        self.scheduler.add_request(request)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the engine holds a request it has not finished."""
+        return bool(self.scheduler.has_unfinished_requests())
+
+    @property
+    def tier_pending(self) -> bool:
+        """Whether the offload tier has a job not reported yet."""
+        return self.tier is not None and self.tier.pending
+
+    def turn(self) -> bool:
+        """One step of the engine, and what follows a step that did nothing. False when the
+        engine stalled: a second step in a row with nothing to schedule and no tier work (the
+        caller moves the clock to the next release, or gives up)."""
+        polling = self.tier_pending
+        if self.step():
+            self.empty_steps = 0
+        elif polling:
+            # vLLM's engine keeps stepping (polling its worker) while transfers are in flight: a
+            # poll is no stall, and the polls that would find nothing are skipped
+            self._wait_for_tier()
+            self.empty_steps = 0
+        else:
+            # an engine loops again at once after a step with nothing to schedule (a policy may
+            # change its plan after one); only a second one in a row stalls
+            self.empty_steps += 1
+            if self.empty_steps > 1:
+                return False
+        return True
+
+    def step(self) -> bool:
         """One engine step; False when it scheduled nothing."""
         from fairway.vllm import internals, offline, offload_worker
 
@@ -278,9 +283,6 @@ class ReplayLoop:
             f"cache has {blocks} usable blocks of {self.block_size} tokens)"
         )
 
-    def _tier_pending(self) -> bool:
-        return self.tier is not None and self.tier.pending
-
     def _wait_for_tier(self) -> None:
         """After a step with nothing to schedule while the tier has jobs: move to the next
         completion or release, whichever is first (no move when only deferred stores are left:
@@ -289,10 +291,76 @@ class ReplayLoop:
         when = self.tier.next_completion()
         if when is None:
             return
-        release = self.releases.next_s()
+        release = self.next_release()
         if release is not None:
             when = min(when, release)
         self.clock.jump_to(max(self.clock.now, when))
+
+
+# --- the loop -------------------------------------------------------------------------------------
+
+
+class ReplayLoop:
+    """The event loop of one replay: arrivals, steps, clock, recording, on one `EngineNode`.
+
+    Requests enter at their release times (`releases`; None: closed loop): the recorded
+    arrivals, and a session turn its think time after its parent's first token or failure.
+    """
+
+    def __init__(self, trace: Trace, scheduler: FairwayScheduler, cost: StepTimeModel,
+                 clock: VirtualClock, block_size: int, progress: bool,
+                 hooks: ReplayHooks | None, tier: TierTransfers | None = None,
+                 releases: Releases | None = None) -> None:
+        self.requests = trace.requests
+        self.scheduler = scheduler
+        self.clock = clock
+        self.releases = Releases(trace.requests) if releases is None else releases
+        self.recorder = Recorder(trace.requests, self.releases)
+        self.node = EngineNode(
+            scheduler, cost, clock, block_size, self.recorder, self.releases.next_s, tier=tier,
+            on_step=hooks.on_step if hooks is not None else None,
+        )
+        self.progress = progress
+        self.aborted = False
+
+    @property
+    def num_steps(self) -> int:
+        """Steps that scheduled something."""
+        return self.node.num_steps
+
+    def run(self) -> None:
+        from tqdm import tqdm
+
+        node = self.node
+        bar = tqdm(total=len(self.requests), disable=not self.progress, unit="req",
+                   desc="replay", leave=False, mininterval=0.5)
+        try:
+            while not self.aborted:
+                self._admit_arrivals()
+                busy = node.busy
+                # idle, every added request is resolved, so every child is in the heap
+                release = self.releases.next_s()
+                if not busy and release is None:
+                    break
+                if not busy and not node.tier_pending:
+                    assert release is not None
+                    self.clock.jump_to(release)
+                    continue
+                done_before = self.recorder.num_done
+                if not node.turn():
+                    self._stalled()
+                bar.update(self.recorder.num_done - done_before)
+        finally:
+            bar.close()
+        self._drain()
+
+    def _admit_arrivals(self) -> None:
+        """Add every request released by now, stamped with its release time."""
+        node = self.node
+        for i in self.releases.due(self.clock.now):
+            arrival = self.releases.release_s[i]
+            assert arrival is not None  # in the heap, so released
+            node.add(node.make_request(i, arrival))
 
     def _stalled(self) -> None:
         """Nothing could be scheduled: wait for the next release, or give up on the rest."""
@@ -300,22 +368,30 @@ class ReplayLoop:
         if release is not None:
             self.clock.jump_to(max(self.clock.now, release))
             return
-        self._abort("never scheduled: the engine could not admit it (KV cache too small?)")
-
-    def _abort(self, reason: str) -> None:
-        """Record every request without a first token as failed and end the loop.
-
-        The engine is left as it is: it is thrown away with the replay.
-        """
-        unfinished = [r.request_id for r in self.requests
-                      if self.recorder.first_token[self.recorder.index[r.request_id]] is None]
-        for request_id in unfinished:  # trace order: a parent fails before its children
-            self.recorder.fail(request_id, reason, self.clock.now)
+        # the engine is left as it is: it is thrown away with the replay
+        abort_unanswered(self.recorder, self.clock.now)
         self.aborted = True
-        logger.warning("replay stopped with %d requests unanswered: %s", len(unfinished), reason)
 
     def _drain(self) -> None:
         """Requests still without a result (none unless the loop was cut) get an error."""
-        for r in self.requests:
-            self.recorder.fail(r.request_id, "no first token when the replay ended",
-                               self.clock.now)
+        drain(self.recorder, self.clock.now)
+
+
+#: Why `abort_unanswered` fails the requests it fails.
+STALLED = "never scheduled: the engine could not admit it (KV cache too small?)"
+
+
+def abort_unanswered(recorder: Recorder, when: float, reason: str = STALLED) -> None:
+    """Record every request without a first token as failed at `when` (trace order: a parent
+    fails before its children)."""
+    unfinished = [r.request_id for i, r in enumerate(recorder.requests)
+                  if recorder.first_token[i] is None]
+    for request_id in unfinished:
+        recorder.fail(request_id, reason, when)
+    logger.warning("replay stopped with %d requests unanswered: %s", len(unfinished), reason)
+
+
+def drain(recorder: Recorder, when: float) -> None:
+    """Every request still without a result gets an error (none unless the loop was cut)."""
+    for r in recorder.requests:
+        recorder.fail(r.request_id, "no first token when the replay ended", when)

@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402  (after HF_HUB_OFFLINE)
 from vllm.config import (  # noqa: E402
     CacheConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
@@ -129,6 +130,7 @@ def engine_configs(
     enable_prefix_caching: bool = True,
     model_dir: str | None = None,
     kv_transfer_config: KVTransferConfig | Mapping[str, Any] | None = None,
+    kv_events: bool = False,
     **overrides: Any,
 ) -> tuple[VllmConfig, KVCacheConfig]:
     """vLLM's configs of an offline engine over a fake KV cache of `num_blocks`, with the KV cache
@@ -143,6 +145,10 @@ def engine_configs(
         model_dir: directory with a `config.json` (default: the tiny Llama, written on demand,
             declaring at least `max_model_len` positions).
         kv_transfer_config: a `KVTransferConfig` or its dict form (P/D, e.g. NixlConnector).
+        kv_events: vLLM's KV cache events on (`--kv-events-config '{"enable_kv_cache_events":
+            true}'`) with its null publisher: the block pool records BlockStored / BlockRemoved
+            and the scheduler hands each step's batch to its publisher (the fleet replay puts
+            its own there: `fairway.vllm.fleet_signals`). False: no events config, vLLM's default.
         **overrides: any other `SchedulerConfig` or `CacheConfig` field
             (`long_prefill_token_threshold`, `policy`, `watermark`, `scheduler_reserve_full_isl`,
             ...). Unknown names raise TypeError.
@@ -177,6 +183,8 @@ def engine_configs(
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         kv_transfer_config=kv_transfer_config,
+        kv_events_config=(KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+                          if kv_events else None),
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
