@@ -206,7 +206,9 @@ def live_run(args: argparse.Namespace, policy: str, run: int, traces: dict[str, 
              scale: float, num_blocks: int, raw: Path) -> dict[str, Any]:
     """One server of `policy`: the mixed replay, then the light tenant alone on it."""
     command, serve_args = fidelity.serve_command(args, policy, num_blocks)
-    serve_args += ["--fairway-option", f"tenants={json.dumps(list(TENANTS))}"]
+    serve_args += ["--fairway-option", f"tenants={json.dumps(list(TENANTS))}",
+                   # the replay client names each request's tenant (fairway.trust)
+                   "--fairway-option", "tenant_source=client"]
     stem = f"run{run}-{policy}"
     t0 = time.perf_counter()
     load_before = [round(x, 2) for x in os.getloadavg()]

@@ -3,8 +3,9 @@
 A thin wrapper: it builds Fairway's options the way the server will (`fairway.options`: the
 `--additional-config` section, then its flags, then `FAIRWAY_*`), so a typo fails in a second, not
 after model loading; then it runs `vllm serve` with the scheduler class, the FCFS queue (or the
-priority queue, when `--scheduling-policy priority` is given), prefix caching and
-`--additional-config '{"fairway": {...}}'`. Every other argument goes to vLLM
+priority queue, when `--scheduling-policy priority` is given), prefix caching,
+`--additional-config '{"fairway": {...}}'` and, when option `tenant_source` is api-key or header,
+Fairway's tenant middleware (`fairway.middleware`). Every other argument goes to vLLM
 untouched. The command is built by a pure function (`plan_serve`) that the unit tests call
 without vLLM. Module level imports stay light: `fairway --help` must not load vLLM. The checks of
 the engine flags live in `fairway.vllm_argv`, which runs them on a plain `vllm serve` line too.
@@ -56,7 +57,9 @@ def register(subparsers: Any) -> None:
         "vLLM's async-scheduling setting), --scheduling-policy fcfs (unless "
         "--scheduling-policy priority is given: vLLM's per-request priority levels, lower first, "
         "each ordered by the policy; no other value is accepted), "
-        "--enable-prefix-caching and Fairway's options in --additional-config. Fairway's options "
+        "--enable-prefix-caching, Fairway's options in --additional-config and, with "
+        "tenant_source api-key or header, --middleware fairway.middleware.TenantMiddleware. "
+        "Fairway's options "
         "are checked before vLLM starts. Any other argument is passed to vLLM unchanged "
         "(see `vllm serve --help`). FAIRWAY_<KEY> environment variables override every option; "
         "an unknown FAIRWAY_ variable is an error.",
@@ -177,6 +180,7 @@ def plan_serve(
         FairwayConfigError: a Fairway option, a conflicting vLLM flag or bad JSON; the message
             names the flag and what is allowed.
     """
+    from fairway.middleware import serve_flags
     from fairway.options import FairwayOptions, env_settings
 
     args = split_serve_args(args)
@@ -186,6 +190,7 @@ def plan_serve(
     additional = user_additional_config(vllm_args)
     given = _given_settings(args, additional.get("fairway"))
     options = FairwayOptions.from_settings([*given, *env_settings(environ)])
+    options.check_server()
     section = FairwayOptions.from_settings(given).to_json()
     flagged = sorted({s.key for s in given if not s.source.startswith("--additional-config")})
     warnings = [
@@ -194,7 +199,10 @@ def plan_serve(
         for key in flagged
         if options.sources[key].startswith("FAIRWAY_")
     ]
-    engine_flags = [*_scheduler_flags(vllm_args), *queue_flags(vllm_args, options)]
+    engine_flags = [
+        *_scheduler_flags(vllm_args), *queue_flags(vllm_args, options),
+        *serve_flags(vllm_args, options),
+    ]
     additional = {**additional, "fairway": section}
     argv = [
         *(vllm_launcher() if launcher is None else launcher),

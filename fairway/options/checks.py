@@ -126,3 +126,19 @@ def allowed_values(key: str) -> str:
         words.append(" ".join([word, " and ".join(limits)]) if limits else word)
     text = " or ".join(words)
     return text + ", or null (the default)" if type(None) in args else text
+
+
+def check_trust(source: str | None, keys: str | None, sources: Mapping[str, str]) -> None:
+    """`tenant_keys` goes with `tenant_source: api-key`, and only with it (`fairway.trust`)."""
+    if source == "api-key" and keys is None:
+        raise FairwayConfigError(
+            f"Fairway option tenant_source='api-key' (from {where(sources, 'tenant_source')}) "
+            "needs tenant_keys: a JSON file of API key -> tenant, or env:NAME for the JSON in "
+            'environment variable NAME (e.g. {"sk-team-a": "team-a"})'
+        )
+    if keys is not None and source != "api-key":
+        raise FairwayConfigError(
+            f"Fairway option tenant_keys={keys!r} (from {where(sources, 'tenant_keys')}) is "
+            f"read only under tenant_source api-key, and tenant_source is {source!r} (from "
+            f"{where(sources, 'tenant_source')})"
+        )

@@ -68,6 +68,30 @@ class OptionFields:
     unlisted tenant, share the `default` tenant (list `default` to weigh it). Under contention
     `fairway` gives each backlogged tenant its weight's share of the prefill tokens; null: one
     tenant (the plain rule)."""
+    tenant_source: Literal["client", "api-key", "header"] | None = None
+    """Who may say which tenant a request belongs to (`fairway.trust`): `client`, the client
+    itself in `vllm_xargs.tenant` (every client is trusted: any client can take any listed
+    tenant's share); `api-key`, Fairway's middleware (`--middleware
+    fairway.middleware.TenantMiddleware`) from the caller's API key and the map `tenant_keys`;
+    `header`, the middleware from header `tenant_header`, which a gateway in front of the node
+    must set on every request. Under `api-key` and `header` a tenant a client names itself is
+    ignored (the default tenant), counted and logged once. null: `client` in-process (replays,
+    offline schedulers: no clients); a server that lists `tenants` refuses to start until it is
+    set."""
+    tenant_keys: Annotated[str, Field(min_length=1)] | None = None
+    """Under `tenant_source: api-key`: the JSON object of API key -> tenant name, or -> `{"tenant":
+    NAME, "priority_floor": N}`; a file path, or `env:NAME` to read it from environment variable
+    NAME. Read by the middleware in vLLM's API-server process."""
+    tenant_header: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9-]+$")] = (
+        "x-fairway-tenant"
+    )
+    """Under `tenant_source: header`: the header a gateway names the tenant in, `NAME` or `NAME;
+    priority_floor=N`."""
+    priority_floor: Annotated[int, Field(strict=True)] | None = None
+    """The lowest (most urgent) vLLM priority a request may have under `--scheduling-policy
+    priority`; a lower one is raised to it, counted and logged once. A key's or the gateway's
+    `priority_floor` replaces it for that caller. null: 0 (vLLM's default priority) under
+    `tenant_source` api-key or header, no floor under `client`."""
     tier: Literal["priced", "equal", "fixed", "blind"] = "priced"
     """How a prefix held in vLLM's CPU offload tier (`--kv-offloading-size`) counts in the order:
     `priced`, as a load (its tokens cost load time over compute time, from the profile's load

@@ -21,6 +21,7 @@ from fairway.options.checks import (
     build_policy,
     check_params,
     check_policy,
+    check_trust,
     reject_unknown,
     validation_message,
 )
@@ -29,6 +30,10 @@ from fairway.options.settings import Setting
 from fairway.options.sources import ENV_PREFIX, SECTION, env_settings, json_settings
 from fairway.policies.base import Policy
 from fairway.tenants import TenantTable
+from fairway.trust import TenantSource
+
+#: The options of the trust model (`fairway.trust`), shown by `describe` when given.
+TRUST_OPTIONS = ("tenant_source", "tenant_keys", "tenant_header", "priority_floor")
 
 #: The policies whose `protect` default (null) is on: `peek` (the baseline defines it) and
 #: `fairway`, whose rule has two halves, the order and the cache: a queued request's cached prefix
@@ -54,11 +59,35 @@ class FairwayOptions(OptionFields):
         except FairwayConfigError as exc:
             source = self.sources.get("tenants", "the default")
             raise FairwayConfigError(f"{exc} (set by {source})") from None
+        check_trust(self.tenant_source, self.tenant_keys, self.sources)
 
     @property
     def tenant_table(self) -> TenantTable:
         """The configured tenants (`fairway.tenants`)."""
         return TenantTable.parse(self.tenants)
+
+    @property
+    def trust_source(self) -> TenantSource:
+        """`tenant_source` resolved: null is `client` (in-process; a server checks it is set,
+        `check_server`)."""
+        return self.tenant_source or "client"
+
+    def check_server(self) -> None:
+        """The checks of a server's options beyond the object's own: listing tenants needs a
+        `tenant_source` (a server does not trust its clients unless told to).
+
+        Raises:
+            FairwayConfigError: the option to set, and what each value means.
+        """
+        if self.tenant_table.enabled and self.tenant_source is None:
+            raise FairwayConfigError(
+                f"Fairway option tenants (from {self.sources.get('tenants', 'the default')}) "
+                "lists tenants but tenant_source is not set: say who may name a request's "
+                "tenant. api-key: Fairway's middleware maps API keys to tenants (also set "
+                "tenant_keys); header: a gateway in front of the node sets header "
+                f"{self.tenant_header}; client: any client names its own tenant in vllm_xargs "
+                "and can take any listed tenant's share (what Fairway did before the option)"
+            )
 
     @property
     def protect_enabled(self) -> bool:
@@ -79,6 +108,9 @@ class FairwayOptions(OptionFields):
         tier = {} if (self.tier, self.tier_weight) == ("priced", 0.75) else {
             "tier": self.tier, "tier_weight": self.tier_weight,
         }
+        trust = {  # only the given ones: result files without them stay as they were
+            k: getattr(self, k) for k in TRUST_OPTIONS if k in self.sources
+        }
         return {
             "policy": self.policy,
             **dict(self.policy_params),
@@ -89,6 +121,7 @@ class FairwayOptions(OptionFields):
             "decision_trace": self.decision_trace,
             "step_log": self.step_log,
             "tenants": self.tenants,
+            **trust,
             **tier,
         }
 
@@ -147,10 +180,13 @@ class FairwayOptions(OptionFields):
     def from_vllm_config(
         cls, vllm_config: Any, environ: Mapping[str, str] | None = None
     ) -> FairwayOptions:
-        """A server's options: `additional_config["fairway"]`, then `FAIRWAY_*` (os.environ)."""
+        """A server's options: `additional_config["fairway"]`, then `FAIRWAY_*` (os.environ);
+        checked as a server's (`check_server`)."""
         additional = getattr(vllm_config, "additional_config", None) or {}
         section = additional.get(SECTION) if isinstance(additional, Mapping) else None
-        return cls.resolve(section, os.environ if environ is None else environ)
+        options = cls.resolve(section, os.environ if environ is None else environ)
+        options.check_server()
+        return options
 
     @classmethod
     def resolve(cls, json_options: Any, environ: Mapping[str, str] | None = None) -> FairwayOptions:

@@ -27,6 +27,8 @@ OTHER_ENV_VARS: dict[str, str] = {
     "FAIRWAY_SOURCE_DATA": "the raw data the tests rebuild the shipped traces from",
     "FAIRWAY_TARGET": "the engine `make setup` installs (cpu or gpu)",
     "FAIRWAY_COMPAT_REPORT": "the report file of `make compat`",
+    # a secret: never read as an option, so never logged with them (`fairway.trust.SEAL_ENV`)
+    "FAIRWAY_SEAL_KEY": "the secret a server's middleware seals trusted tenants with",
 }
 _JSON_SOURCE = "--additional-config"
 

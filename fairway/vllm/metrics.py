@@ -21,6 +21,13 @@ Tenants. Only when the `tenants` option lists any (`TenantTable.enabled`), three
 (`tenant_collectors`), so a server without tenants exposes no tenant series at all, not even
 their HELP lines. A request's label is looked up once and cached by request id while it lives
 (`TenantLabels`).
+
+Queued work and trust. `fairway:queued_uncached_tokens` (every server) is the node's remaining
+prompt work after prefix hits at the end of each step (`StepPrepass.queued_uncached_tokens`),
+the load signal a prefix-aware router lacks. The trust gate's counters
+(`fairway:untrusted_tenant_claims_total{tenant}`, `fairway:untrusted_priority_claims_total`,
+`fairway.vllm.identity`) exist only where the gate acts (`FairwayMetrics.enable_trust`); the
+first, by tenant, only with tenants listed, among the tenant series.
 """
 
 from __future__ import annotations
@@ -108,6 +115,13 @@ class FairwayStats:
     tier_deferred: int | None = None
     #: Tier-hit tokens (the probe's) of the requests vLLM admitted.
     tier_admitted_tokens: int = 0
+    #: Prompt tokens the waiting and running requests still had to compute after their prefix
+    #: hits at the end of the last step (None: not measured; `StepPrepass.queued_uncached_tokens`).
+    queued_uncached_tokens: int | None = None
+    #: Tenants clients named that the trust gate ignored, per tenant label; requests whose
+    #: priority it raised to the floor (`fairway.vllm.identity`).
+    untrusted_tenant_claims: dict[str, int] = field(default_factory=dict)
+    untrusted_priority_claims: int = 0
 
     def take(self) -> FairwayStats:
         """Return the counts so far and reset this object (get-and-reset, as vLLM's stats)."""
@@ -115,6 +129,7 @@ class FairwayStats:
         self.placed = dict.fromkeys(LANES, 0)  # `taken` keeps the old containers
         self.lane_prefill_tokens = dict.fromkeys(PLAN_LANES, 0)
         self.tenant_prefill_tokens = dict.fromkeys(taken.tenant_prefill_tokens, 0)
+        self.untrusted_tenant_claims = dict.fromkeys(taken.untrusted_tenant_claims, 0)
         self.prepass_s = []
         self.reset()
         return taken
@@ -152,12 +167,12 @@ class FairwayStats:
 #: counts) add up key by key, the latest values (None: not measured in the step) replace.
 _COUNTS = (
     "steps_ordered", "policy_fallbacks", "oversized_rejected", "protected_blocks",
-    "tier_admitted_tokens",
+    "tier_admitted_tokens", "untrusted_priority_claims",
 )
-_TALLIES = ("placed", "lane_prefill_tokens", "tenant_prefill_tokens")
+_TALLIES = ("placed", "lane_prefill_tokens", "tenant_prefill_tokens", "untrusted_tenant_claims")
 _LATEST = (
     "oldest_waiting_age_s", "queue_work_max_tokens", "queue_work_min_tokens", "tenant_waiting",
-    "tier_waiting_tokens", "tier_deferred",
+    "tier_waiting_tokens", "tier_deferred", "queued_uncached_tokens",
 )
 _STATS_FIELDS = tuple(f.name for f in fields(FairwayStats))
 _collectors: dict[str, Any] | None = None
@@ -246,6 +261,19 @@ def collectors() -> dict[str, Any]:
                 "loaded from host memory instead of computed.",
                 LABELS,
             ),
+            "queued_uncached": Gauge(
+                "fairway:queued_uncached_tokens",
+                "Prompt tokens the waiting and running requests still have to compute after "
+                "their prefix-cache hits, at the end of the last step: the node's queued work.",
+                LABELS,
+                multiprocess_mode="mostrecent",
+            ),
+            "untrusted_priorities": Counter(
+                "fairway:untrusted_priority_claims",
+                "Requests whose priority was below their floor (option priority_floor, or the "
+                "trusted source's): served at the floor.",
+                LABELS,
+            ),
         }
     return _collectors
 
@@ -275,7 +303,8 @@ class FairwayMetrics:
             name: series[key].labels(*labels)
             for name, key in (("oldest_waiting_age_s", "oldest_age"),
                               ("queue_work_max_tokens", "work_max"),
-                              ("queue_work_min_tokens", "work_min"))
+                              ("queue_work_min_tokens", "work_min"),
+                              ("queued_uncached_tokens", "queued_uncached"))
         }
         self._prepass = series["prepass"].labels(*labels)
         # Create every counter at 0 so that a scrape shows them before the first request.
@@ -294,6 +323,23 @@ class FairwayMetrics:
             self._latest["tier_deferred"] = series["tier_deferred"].labels(*labels)
             self._counts["tier_admitted_tokens"] = series["tier_admitted"].labels(*labels)
             self._counts["tier_admitted_tokens"].inc(0)
+
+    def enable_trust(self, tenants: Sequence[str] | None, priorities: bool) -> None:
+        """Create the trust gate's counters at 0: per tenant label (`tenants`, None: no tenant
+        claims are judged, or no tenants are listed) and of raised priorities."""
+        series = collectors()
+        labels = tuple(self.labels.values())
+        if tenants is not None and "untrusted_tenant_claims" not in self._tallies:
+            self._tallies["untrusted_tenant_claims"] = {
+                t: tenant_collectors()["untrusted"].labels(*labels, t) for t in tenants
+            }
+            for counter in self._tallies["untrusted_tenant_claims"].values():
+                counter.inc(0)
+        if priorities and "untrusted_priority_claims" not in self._counts:
+            counter = self._counts["untrusted_priority_claims"] = (
+                series["untrusted_priorities"].labels(*labels)
+            )
+            counter.inc(0)
 
     def enable_tenants(self, table: TenantTable) -> TenantMetrics | None:
         """Create the per-tenant series of `table`'s labels (nothing when it lists no tenant)."""
@@ -420,6 +466,13 @@ def tenant_collectors() -> dict[str, Any]:
                 "step that finished the prefill), from the scheduler, by tenant.",
                 (*LABELS, TENANT_LABEL),
                 buckets=LATENCY_BUCKETS,
+            ),
+            "untrusted": Counter(
+                "fairway:untrusted_tenant_claims",
+                "Requests that named a tenant in vllm_xargs without a trusted source "
+                "(tenant_source api-key or header): served as the default tenant, or their "
+                "caller's (tenant: the label of the name they claimed).",
+                (*LABELS, TENANT_LABEL),
             ),
         }
     return _tenant_collectors

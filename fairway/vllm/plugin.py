@@ -8,7 +8,8 @@ be the reason a server does not start):
   `FAIRWAY_*` variables from the command line and the environment, and stops the server with
   `fairway: error: <reason>` as its last line, before the model loads (the API server loads
   plugins while it builds its argument parser; the scheduler's own check would come only after
-  the model and the KV cache are set up);
+  the model and the KV cache are set up); with trust enforced (`fairway.trust`) it also draws
+  the secret the middleware and the scheduler share, which the engine processes inherit;
 * routes the `fairway` logger to vLLM's handlers, at vLLM's level: vLLM configures only the
   `vllm` logger, with `propagate=False`, so `fairway.*` INFO lines (start-up options) would
   otherwise vanish;
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 
 from vllm.logger import init_logger
 
@@ -52,15 +53,20 @@ def register() -> None:
     check_serve_command(sys.argv, os.environ)
 
 
-def check_serve_command(argv: list[str], environ: Mapping[str, str]) -> None:
-    """Stop a `vllm serve` with Fairway's scheduler and bad Fairway options now (SystemExit).
+def check_serve_command(argv: list[str], environ: MutableMapping[str, str]) -> None:
+    """Stop a `vllm serve` with Fairway's scheduler and bad Fairway options now (SystemExit);
+    set up the trust model's secret in `environ` (`fairway.middleware.prepare_server`), before
+    vLLM starts the engine processes that inherit it.
 
     A bug in the check itself is logged and ignored: the scheduler checks again at start-up.
     """
     try:
+        from fairway.middleware import prepare_server
         from fairway.vllm_argv import options_from_vllm_argv
 
-        options_from_vllm_argv(argv, environ)
+        options = options_from_vllm_argv(argv, environ)
+        if options is not None:
+            prepare_server(options, argv, environ)
     except FairwayError as exc:
         raise SystemExit(f"fairway: error: {exc}") from None
     except Exception:  # noqa: BLE001 - a plugin must never stop vLLM

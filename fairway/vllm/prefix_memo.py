@@ -195,6 +195,7 @@ class PrefixMemo:
         hit = self.hits[ticket]
         assert hit is not None
         self.hits[ticket] = None
+        self.cached[ticket] = 0  # a free ticket holds no hit (`QueueTable.uncached_tokens` sums)
         if hit.next_key is not None:
             move(self.by_next, hit, hit.next_key, None)
         if hit.last_key is not None:

@@ -94,6 +94,8 @@ class StepPrepass:
             being ordered, and after one whose ordering failed).
         tenant_labels: request -> tenant label, cached per request id (None: no tenants
             configured, and no per-tenant counting at all).
+        exports_work: measure `queued_uncached_tokens` at the end of every step (on with the
+            metrics, for `fairway:queued_uncached_tokens`; a replay may switch it on).
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class StepPrepass:
         tenants = options.tenant_table
         if mirror.tier is not None and metrics is not None:
             metrics.enable_tier()
+        self.exports_work = metrics is not None
         self.tenant_labels: TenantLabels | None = None
         if tenants.enabled:
             self.tenant_labels = TenantLabels(tenants, internals.request_tenant)
@@ -184,7 +187,8 @@ class StepPrepass:
         """A step without ordering: the mirror advances (new arrivals within its budget, changed
         hits); memos of requests that left without being admitted are dropped."""
         mirror = self.mirror
-        if len(mirror) > 2 * len(queue) + 64:  # many left unadmitted (aborts): drop them
+        # many left unadmitted (aborts): drop them; any, when the queue's work is exported
+        if len(mirror) > (len(queue) if self.exports_work else 2 * len(queue) + 64):
             mirror.snapshot(list(queue))
         if queue:
             mirror.advance()
@@ -291,6 +295,15 @@ class StepPrepass:
         except Exception as exc:  # noqa: BLE001
             self.fallback(exc, "counting tokens and waiting requests per tenant",
                           "the tenant series miss this step")
+
+    def queued_uncached_tokens(self) -> int:
+        """Prompt tokens the node's requests still have to compute after their prefix hits: the
+        waiting ones' beyond the cached prefix the mirror last looked up (`QueueMirror.
+        uncached_tokens`, numpy over its columns) plus the running ones' chunked-prefill rest.
+        The load a prefix-aware router cannot see (`fairway:queued_uncached_tokens`)."""
+        sched = self.scheduler
+        waiting = self.mirror.uncached_tokens() if internals.waiting_queue(sched) else 0
+        return waiting + internals.prompt_tokens_left(sched)
 
     def reject(self, request: Request) -> None:
         """Finish a request that can never fit (once); it already sits behind everyone."""
@@ -401,10 +414,15 @@ class StepPrepass:
                 self.trim()
         except Exception as exc:  # noqa: BLE001
             self.fallback(exc, "finishing the step", "the step's output is unchanged")
+        if self.exports_work:
+            try:
+                stats.queued_uncached_tokens = self.queued_uncached_tokens()
+            except Exception as exc:  # noqa: BLE001
+                self.fallback(exc, "measuring the queued work", "its gauge misses this step")
         labels = self.tenant_labels
         if labels is not None:
             self.book_tenants(labels, output, by_request)
-        if self.metrics is not None or self.had_waiting or labels is not None:
+        if self.metrics is not None or self.had_waiting or labels is not None or self.exports_work:
             if self.metrics is not None:
                 self.metrics.record(stats)
             self.totals.add(stats)

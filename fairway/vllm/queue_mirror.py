@@ -162,6 +162,15 @@ class QueueMirror:
             snap.columns.tier_tokens = by_ticket[snap.columns.tickets]
         return snap
 
+    def uncached_tokens(self) -> int:
+        """Prompt tokens the waiting requests still have to compute after their cached prefix
+        (GPU hits, as last looked up; a request not looked up yet counts whole): numpy over the
+        table's columns, no request read. Exact after a `snapshot`; after a step that ordered
+        nothing it still counts requests that left the queue unadmitted (aborts) since the last
+        snapshot."""
+        self._register_noted()
+        return self.table.uncached_tokens(self.memo.cached)
+
     def oldest_arrival(self) -> float:
         """Earliest arrival among the registered requests (inf when there are none)."""
         self._register_noted()

@@ -35,7 +35,7 @@ from fairway.policies.queue import (
     StepPlan,
 )
 from fairway.tenants import TenantTable
-from fairway.vllm import internals, observe, plugin
+from fairway.vllm import identity, internals, observe, plugin
 from fairway.vllm.metrics import FairwayMetrics, FairwayStats
 from fairway.vllm.prepass import StepPrepass
 from fairway.vllm.queue_mirror import QueueMirror
@@ -115,6 +115,9 @@ class FairwaySchedulerMixin(_SchedulerBase):
             top_k=options.top_k(self.scheduler_config.max_num_seqs),
             clock=time.time,
         )
+        #: Judges each new request's tenant and priority (`fairway.vllm.identity`; None: the
+        #: options trust clients and set no priority floor).
+        self.fairway_gate = identity.gate_for(options, metrics, self.fairway_prepass.stats)
         plugin.attach_vllm_logging()  # also when the entry point is not installed
         self.fairway_calibration = (
             _make_calibration(self) if options.self_calibrate or options.step_log else None
@@ -203,8 +206,17 @@ class FairwaySchedulerMixin(_SchedulerBase):
     # --- vLLM's hooks ----------------------------------------------------------------------------
 
     def add_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's unchanged; the mirror registers the new request (a streaming update of a known
-        request drops its memo: its tokens change)."""
+        """vLLM's unchanged, after the trust gate judged the request's tenant and priority (if
+        the options ask for it); the mirror registers the new request (a streaming update of a
+        known request drops its memo: its tokens change)."""
+        gate = self.fairway_gate
+        if gate is not None:
+            try:
+                gate.admit(request)
+            except Exception as exc:  # noqa: BLE001
+                gate.fail_closed(request)
+                self.fairway_fallback(exc, "judging a request's tenant and priority",
+                                      "it is served as the default tenant")
         existing = internals.requests_by_id(self).get(request.request_id)
         result = super().add_request(request, *args, **kwargs)
         try:

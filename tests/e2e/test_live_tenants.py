@@ -28,6 +28,9 @@ REQUESTS = [("heavy-0", 0.0, "heavy", 0, 600), ("light-0", 0.0, "light", 0, 300)
             ("light-1", 0.05, "light", 1, 200), ("other-0", 0.1, "zz", 0, 100)]
 SERVER_ARGS = (
     "--policy", "fairway", "--fairway-option", f"tenants={TENANTS}",
+    # the replay client names each request's tenant in vllm_xargs: trusted here (fairway.trust;
+    # tests/e2e/test_live_trust.py runs the api-key source)
+    "--fairway-option", "tenant_source=client",
     "--scheduling-policy", "priority",
     "--gpu-memory-utilization", "0.2", "--max-model-len", "2048",
     "--max-num-batched-tokens", "512", "--max-num-seqs", "16", "--enforce-eager",

@@ -131,8 +131,14 @@ COMMANDS: dict[str, Entry] = {
     "fairway.vllm.scheduler.FairwayScheduler --enable-prefix-caching":
         Entry("PARSE", _SERVER),
     "fairway serve MODEL --fairway-option tenants='{\"team-a\": 2, \"team-b\": 1}' "
+    "--fairway-option tenant_source=api-key --fairway-option tenant_keys=keys.json "
     "[vLLM args ...]":
-        Entry("PARSE", _SERVER, _VLLM_ARGS, where=_ACTIVATED),
+        Entry("PARSE", _SERVER + " (tests/e2e/test_live_trust.py runs the api-key source)",
+              _VLLM_ARGS, where=_ACTIVATED),
+    "fairway serve MODEL --fairway-option tenants='{\"team-a\": 2, \"team-b\": 1}' "
+    "--fairway-option tenant_source=header --scheduling-policy priority [vLLM args ...]":
+        Entry("PARSE", _SERVER + " behind a gateway that sets x-fairway-tenant",
+              _VLLM_ARGS, where=_ACTIVATED),
     ".venv/bin/fairway serve MODEL --fairway-option decision_trace=decisions.jsonl "
     "--fairway-option decision_trace_every=10":
         Entry("PARSE", _SERVER),

@@ -181,9 +181,11 @@ def test_vllms_admission_window_is_refused_before_the_model_loads(form):
      ('{"heavy": 2, "light": 1}', {"heavy": 2, "light": 1})],
 )
 def test_tenants_option_takes_a_json_list_or_object(value, expected):
-    result = plan("m", "--fairway-option", f"tenants={value}")
-    assert result.fairway_config == {"tenants": expected}
-    assert additional_config(result.argv) == {"fairway": {"tenants": expected}}
+    result = plan("m", "--fairway-option", f"tenants={value}",
+                  "--fairway-option", "tenant_source=client")  # a server must say (fairway.trust)
+    section = {"tenants": expected, "tenant_source": "client"}
+    assert result.fairway_config == section
+    assert additional_config(result.argv) == {"fairway": section}
     assert result.options.tenant_table.names == ("default", "heavy", "light")
 
 

@@ -109,6 +109,23 @@ def request_priority(request: Request) -> int:
     return int(request.priority)
 
 
+def request_extra_args(request: Request) -> dict[str, Any] | None:
+    """The request's `SamplingParams.extra_args` (the body's `vllm_xargs`), the dict itself, or
+    None (no sampling parameters or no extra arguments). The trust gate edits it in place before
+    vLLM queues the request (`fairway.vllm.identity`)."""
+    params = request.sampling_params  # None for a pooling request
+    extra = params.extra_args if params is not None else None
+    return extra if isinstance(extra, dict) else None
+
+
+def set_request_priority(request: Request, priority: int) -> None:
+    """Serve a request at another priority: the trust gate raises a priority below the floor,
+    in `add_request` before vLLM queues it. vLLM reads `Request.priority` (a field of the
+    request as the engine core builds it) only after that: in the priority heap's order (which
+    Fairway replaces by its own, reading the same field) and when it picks whom to preempt."""
+    request.priority = priority
+
+
 def times_preempted(request: Request) -> int:
     """How often vLLM preempted the request (0: never).
 

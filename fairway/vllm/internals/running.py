@@ -105,6 +105,17 @@ def running_prefills(
     return views, decode_tokens
 
 
+def prompt_tokens_left(scheduler: Scheduler) -> int:
+    """Prompt tokens the running requests have still to compute (their chunked prefills' rest;
+    0 for a decoding request), from the requests' public fields."""
+    total = 0
+    for request in scheduler.running:  # vLLM internal: Scheduler.running
+        left = request.num_prompt_tokens - request.num_computed_tokens
+        if left > 0:
+            total += left
+    return total
+
+
 def has_running_prefill(scheduler: Scheduler) -> bool:
     """Whether a running request is still in prefill (one `running_prefills` would list)."""
     return any(map(_in_prefill, scheduler.running))  # vLLM internal: Scheduler.running
