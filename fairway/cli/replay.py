@@ -75,6 +75,26 @@ def register(subparsers: Any) -> None:
                        "the profile's GPU class unless the profile has measured figures); "
                        "default: no tier")
     bench.add_argument("--open-loop", action="store_true", help=_OPEN_LOOP_HELP)
+    fleet = bench.add_argument_group(
+        "fleet replay", "many prefill nodes behind a router (each node: the engine above, its "
+        "own KV cache, its own policy instance), on one virtual clock; writes fleet.md and "
+        "fleet.json (per trace, router and policy)")
+    fleet.add_argument("--nodes", type=positive_int, default=None, metavar="N",
+                       help="replay on N nodes behind --router; each --trace preset is built at "
+                       "N x one node's capacity x --load")
+    fleet.add_argument("--router", action="append", default=None, metavar="NAME",
+                       help="the router in front of the nodes (repeatable: every router x "
+                       "policy x load is replayed); needs --nodes; one of: "
+                       f"{', '.join(_router_names())}")
+    fleet.add_argument("--load", action="append", type=_positive_float, default=None,
+                       metavar="F", help="each node's load as a multiple of its capacity "
+                       "(repeatable; default 1.0); needs --nodes")
+    fleet.add_argument("--metrics-delay-s", type=_non_negative_float, default=None,
+                       metavar="S", help="how old the load figures a router acts on are "
+                       f"(default {_default_signals().metrics_delay_s:g}); needs --nodes")
+    fleet.add_argument("--kv-event-delay-s", type=_non_negative_float, default=None,
+                       metavar="S", help="how late the nodes' KV events reach the router "
+                       f"(default {_default_signals().kv_event_delay_s:g}); needs --nodes")
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="output directory (default results/bench-<timestamp>; an existing "
                        "non-empty one gets a -2, -3, ... suffix, never overwritten)")
@@ -132,6 +152,18 @@ def register(subparsers: Any) -> None:
     replay.set_defaults(handler=_replay)
 
 
+def _router_names() -> list[str]:
+    from fairway.fleet.routers import router_names
+
+    return router_names()
+
+
+def _default_signals() -> Any:
+    from fairway.fleet.routing import FleetSignals
+
+    return FleetSignals()
+
+
 def _policy_params_help() -> str:
     from fairway.options.help import policy_params_help
 
@@ -152,6 +184,17 @@ def _positive_float(text: str) -> float:
         value = float("nan")
     if not (math.isfinite(value) and value > 0.0):  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 0.0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
     return value
 
 
@@ -204,11 +247,48 @@ def bench_config(args: argparse.Namespace) -> Any:
     )
 
 
+def fleet_config(args: argparse.Namespace) -> Any:
+    """The `FleetBenchConfig` of parsed `fairway bench --nodes` flags (None without --nodes).
+
+    Raises:
+        FairwayConfigError: a fleet flag without --nodes, or --nodes without --router.
+    """
+    from fairway.errors import FairwayConfigError
+    from fairway.fleet.bench import FleetBenchConfig
+    from fairway.fleet.routing import FleetSignals
+
+    fleet_flags = {"--router": args.router, "--load": args.load,
+                   "--metrics-delay-s": args.metrics_delay_s,
+                   "--kv-event-delay-s": args.kv_event_delay_s}
+    if args.nodes is None:
+        given = [flag for flag, value in fleet_flags.items() if value is not None]
+        if given:
+            raise FairwayConfigError(f"{', '.join(given)} configure a fleet replay; add "
+                                     "--nodes N (the number of nodes behind the router)")
+        return None
+    if not args.router:
+        raise FairwayConfigError(f"--nodes {args.nodes} needs a router in front of the nodes: "
+                                 f"--router NAME, one of {', '.join(_router_names())}")
+    defaults = FleetSignals()
+    signals = FleetSignals(
+        metrics_delay_s=defaults.metrics_delay_s if args.metrics_delay_s is None
+        else args.metrics_delay_s,
+        kv_event_delay_s=defaults.kv_event_delay_s if args.kv_event_delay_s is None
+        else args.kv_event_delay_s,
+    )
+    return FleetBenchConfig(bench=bench_config(args), num_nodes=args.nodes,
+                            routers=tuple(args.router), loads=tuple(args.load or (1.0,)),
+                            signals=signals)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from fairway.replay.bench import failed_replays, run_bench
     from fairway.replay.outcome import group_errors
 
     _log_to_stderr()
+    fleet = fleet_config(args)
+    if fleet is not None:
+        return _fleet_bench(fleet)
     outcome = run_bench(bench_config(args))
     print(outcome.markdown)
     print(f"wrote {len(outcome.results)} replays and the report to {outcome.out_dir} "
@@ -218,6 +298,21 @@ def _bench(args: argparse.Namespace) -> int:
         cause = group_errors([q.error or "no first token" for q in r.requests], limit=1)[0]
         print(f"fairway: error: {r.trace_name} @ {r.policy}: none of {len(r.requests)} requests "
               f"got a first token ({cause.count} x {cause.example})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _fleet_bench(config: Any) -> int:
+    from fairway.fleet.bench import run_fleet_bench
+
+    outcome = run_fleet_bench(config)
+    print(outcome.markdown)
+    print(f"wrote {len(outcome.results)} fleet replays and the table to {outcome.out_dir} "
+          f"in {outcome.wall_s:.0f} s", file=sys.stderr)
+    failed = [r for r in outcome.results
+              if r.replay.requests and r.replay.n_errors == len(r.replay.requests)]
+    for r in failed:
+        print(f"fairway: error: {r.replay.trace_name} @ {r.label}: none of "
+              f"{len(r.replay.requests)} requests got a first token", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -1,10 +1,11 @@
 """Many replays at once: local worker processes (default) or Ray tasks on a cluster (`--ray`).
 
-A sweep is a list of `ReplayJob`s (trace x policy x settings). Each job is one `sim.replay` in a
-worker process, never a thread: the scheduler loop is pure Python and holds the GIL, and a
-process keeps vLLM's global state (hash seed, loggers) away from the caller. Workers are spawned,
-not forked (forking a process that imported torch is unsafe), and are reused across jobs by
-default because importing vLLM costs 5-15 s of CPU per process, more than a replay of a
+A sweep is a list of jobs: `ReplayJob`s (trace x policy x settings, one `sim.replay` each) or any
+other `Job` (the fleet replay's `fairway.fleet.bench.FleetJob`: trace x router x policy). Each
+job runs in a worker process, never a thread: the scheduler loop is pure Python and holds the
+GIL, and a process keeps vLLM's global state (hash seed, loggers) away from the caller. Workers
+are spawned, not forked (forking a process that imported torch is unsafe), and are reused across
+jobs by default because importing vLLM costs 5-15 s of CPU per process, more than a replay of a
 six-minute trace; `fresh_processes=True` gives every replay a new process instead. Each job builds
 its own scheduler and policy, so reuse does not carry state from one replay to the next, and the
 results come back in job order whatever the completion order: the same jobs give the same
@@ -20,7 +21,7 @@ import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fairway.errors import FairwayConfigError, FairwayError
 from fairway.replay.results import ReplayResult
@@ -44,6 +45,42 @@ WORKER_ENV = {
 RAY_INSTALL_HINT = "pip install 'vllm-fairway[ray]'"
 #: Local worker processes of a sweep (`fairway bench --workers`, the benchmark scripts).
 DEFAULT_WORKERS = 2
+
+
+R_co = TypeVar("R_co", covariant=True)
+R = TypeVar("R")
+
+
+class Job(Protocol[R_co]):
+    """What a sweep runs: a frozen dataclass (pickled to its worker; on Ray its `trace` travels
+    apart, through the object store) that checks itself and runs in the worker."""
+
+    @property
+    def trace_name(self) -> str:
+        """The trace's label in results."""
+        ...
+
+    @property
+    def trace(self) -> Trace:
+        """The workload."""
+        ...
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Unique within a sweep: (trace name, the run's label)."""
+        ...
+
+    def describe(self) -> str:
+        """`trace @ label` for messages."""
+        ...
+
+    def check(self) -> None:
+        """Raise a `FairwayError` for bad names or parameters, before any work starts."""
+        ...
+
+    def run(self) -> R_co:
+        """The job's replay, here (what a worker process or a Ray task executes)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -83,25 +120,35 @@ class ReplayJob:
         """`trace @ policy` for messages."""
         return f"{self.trace_name} @ {self.label or self.policy_name}"
 
+    def check(self) -> None:
+        """The policy's name and parameters are valid."""
+        from fairway.options import FairwayOptions
+
+        FairwayOptions.for_replay(self.policy, self.policy_params)
+
+    def run(self) -> ReplayResult:
+        """`sim.replay` of this job, its result labelled."""
+        from fairway.replay.sim import replay
+
+        result = replay(
+            self.trace, self.policy, policy_params=dict(self.policy_params),
+            trace_name=self.trace_name, **dict(self.options),
+        )
+        if self.label is not None:
+            result.policy = self.label
+        return result
+
 
 class SweepError(FairwayError):
     """A replay of the sweep failed; the message names the trace and policy."""
 
 
-def run_job(job: ReplayJob) -> ReplayResult:
+def run_job(job: Job[R]) -> R:
     """Run one job here (what a worker process or a Ray task executes)."""
-    from fairway.replay.sim import replay
-
-    result = replay(
-        job.trace, job.policy, policy_params=dict(job.policy_params),
-        trace_name=job.trace_name, **dict(job.options),
-    )
-    if job.label is not None:
-        result.policy = job.label
-    return result
+    return job.run()
 
 
-def run_job_in_worker(job: ReplayJob) -> ReplayResult:
+def run_job_in_worker(job: Job[R]) -> R:
     """`run_job` in a worker process or Ray task, whose error must cross back by pickling.
 
     vLLM's config errors are pydantic `ValidationError`s, which cannot be pickled: sent back as
@@ -143,10 +190,8 @@ def _init_worker() -> None:
     os.environ.update(WORKER_ENV)
 
 
-def check_jobs(jobs: Sequence[ReplayJob]) -> None:
-    """Reject duplicate (trace, policy label) pairs and unknown policies before any work starts."""
-    from fairway.options import FairwayOptions
-
+def check_jobs(jobs: Sequence[Job[Any]]) -> None:
+    """Reject duplicate (trace, label) pairs and bad jobs before any work starts."""
     seen: set[tuple[str, str]] = set()
     for job in jobs:
         if job.key in seen:
@@ -155,18 +200,18 @@ def check_jobs(jobs: Sequence[ReplayJob]) -> None:
                 "parameter set of one policy"
             )
         seen.add(job.key)
-        FairwayOptions.for_replay(job.policy, job.policy_params)  # validates name and parameters
+        job.check()  # validates names and parameters
 
 
 def run_jobs(
-    jobs: Sequence[ReplayJob],
+    jobs: Sequence[Job[R]],
     *,
     workers: int = DEFAULT_WORKERS,
     ray_address: str | None = None,
     fresh_processes: bool = False,
     progress: bool = True,
-    on_result: Callable[[ReplayResult], object] | None = None,
-) -> list[ReplayResult]:
+    on_result: Callable[[R], object] | None = None,
+) -> list[R]:
     """Run every job and return the results in job order.
 
     Args:
@@ -202,8 +247,8 @@ def _bar(total: int, progress: bool) -> Any:
                 dynamic_ncols=True)
 
 
-def _run_here(jobs: Sequence[ReplayJob], progress: bool,
-              on_result: Callable[[ReplayResult], object] | None) -> list[ReplayResult]:
+def _run_here(jobs: Sequence[Job[R]], progress: bool,
+              on_result: Callable[[R], object] | None) -> list[R]:
     results = []
     with _bar(len(jobs), progress) as bar:
         for job in jobs:
@@ -222,10 +267,10 @@ def _run_here(jobs: Sequence[ReplayJob], progress: bool,
     return results
 
 
-def _run_pool(jobs: Sequence[ReplayJob], workers: int, fresh: bool, progress: bool,
-              on_result: Callable[[ReplayResult], object] | None) -> list[ReplayResult]:
+def _run_pool(jobs: Sequence[Job[R]], workers: int, fresh: bool, progress: bool,
+              on_result: Callable[[R], object] | None) -> list[R]:
     context = multiprocessing.get_context("spawn")
-    results: list[ReplayResult | None] = [None] * len(jobs)
+    results: list[R | None] = [None] * len(jobs)
     pool = cf.ProcessPoolExecutor(
         max_workers=min(workers, len(jobs)), mp_context=context, initializer=_init_worker,
         max_tasks_per_child=1 if fresh else None,
@@ -266,8 +311,8 @@ def _import_ray() -> Any:
     return ray
 
 
-def _run_ray(jobs: Sequence[ReplayJob], address: str, progress: bool,
-             on_result: Callable[[ReplayResult], object] | None) -> list[ReplayResult]:
+def _run_ray(jobs: Sequence[Job[R]], address: str, progress: bool,
+             on_result: Callable[[R], object] | None) -> list[R]:
     """One Ray task per job; each distinct trace is put in the object store once."""
     ray = _import_ray()
     started_here = not ray.is_initialized()
@@ -287,10 +332,10 @@ def _run_ray(jobs: Sequence[ReplayJob], address: str, progress: bool,
                 trace_refs[key] = ray.put(job.trace)
             # The job travels without its trace (None, for this hop only): the trace goes once
             # through the object store, and `_ray_task` puts it back.
-            traceless = replace(job, trace=None)  # type: ignore[arg-type]
+            traceless = replace(job, trace=None)  # type: ignore[type-var]
             refs.append(task.remote(traceless, trace_refs[key]))
         index = {ref: i for i, ref in enumerate(refs)}
-        results: list[ReplayResult | None] = [None] * len(jobs)
+        results: list[R | None] = [None] * len(jobs)
         pending = list(refs)
         with _bar(len(jobs), progress) as bar:
             while pending:
@@ -312,6 +357,6 @@ def _run_ray(jobs: Sequence[ReplayJob], address: str, progress: bool,
             ray.shutdown()
 
 
-def _ray_task(job: ReplayJob, trace: Trace) -> ReplayResult:
+def _ray_task(job: Job[R], trace: Trace) -> R:
     """A Ray task: the job with its trace from the object store."""
-    return run_job_in_worker(replace(job, trace=trace))
+    return run_job_in_worker(replace(job, trace=trace))  # type: ignore[type-var]

@@ -110,6 +110,11 @@ COMMANDS: dict[str, Entry] = {
     ".venv/bin/fairway bench --trace musique --policy fcfs --policy fairway --open-loop":
         Entry("PARSE", "two replays of the MuSiQue agent sessions at their recorded arrivals "
               "(tests/integration/test_closed_loop.py runs both arrival modes)"),
+    # FAIRWAY.md (fleet replay)
+    ".venv/bin/fairway bench --trace hit-heavy --quick --nodes 2 --router round-robin "
+    "--policy fcfs --policy fairway --cache-fraction 1.5":
+        Entry("RUN", "two fleet replays of 2 nodes on the synthetic hit-heavy preset's quick "
+              "variant at 2 x capacity (built without source data; about a minute)"),
     # (also in FAIRWAY.md)
     ".venv/bin/fairway inspect http://127.0.0.1:8000 --window-s 60":
         Entry("PARSE", "needs a running server (tests/e2e/test_inspect_live.py runs it for real)"),

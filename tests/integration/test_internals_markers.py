@@ -32,6 +32,8 @@ UNCHECKED = {
     "Scheduler.scheduler_config": "check_step_plan_internals reads it to check the config",
     "Scheduler.finished_req_ids": "the offline replay's offload tier only "
     "(offload_worker.order_finished_ids)",
+    "Scheduler.kv_event_publisher": "the fleet replay's KV events only (fleet_signals."
+    "capture_kv_events); a server publishes its events as vLLM does",
     "Request.skip_reading_prefix_cache": "0.32/0.33 only (VllmShape.hit_limit picks it or "
     "skip_reading_external_kv); the self-test checks what it means",
     "Request.skip_reading_external_kv": "0.34 only (VllmShape.hit_limit); the self-test checks "

@@ -27,6 +27,8 @@ says which test covers which name):
   `test_idle_steps.py`.
 * `kv_cache`: the prefix lookup, the block pool's hash map, the free queue.
   `tests/integration/test_selftest.py`, `test_probe.py`, `test_protect.py`.
+* `kv_events`: where the scheduler publishes its KV cache events, and the keys they carry (the
+  fleet replay only). `tests/integration/test_fleet_replay.py`.
 * `offload`: vLLM's KV offloading connector (the CPU tier), for the tier probe and the replay's
   tier. `tests/integration/test_tier_probe.py`, `test_replay_offload.py`,
   `test_internals_offload.py`; `tests/unit/test_offload_sim.py`.
@@ -86,6 +88,7 @@ from fairway.vllm.internals.kv_cache import (
     supports_incremental,
     usable_blocks,
 )
+from fairway.vllm.internals.kv_events import event_block_key, set_kv_event_publisher
 from fairway.vllm.internals.offload import (
     OffloadTransfers,
     finished_request_ids,
@@ -171,7 +174,8 @@ __all__ = [
     "active_limit", "block_hash_map", "block_key", "block_pool", "block_size_of",
     "cache_aware_admission_window", "can_admit", "check_internals", "check_step_plan_internals",
     "chunked_prefill", "coordinator_of", "decode_tokens_per_step", "deferred_count", "ends_with",
-    "entry_block_reader", "error_message", "evictable_blocks", "eviction_head", "explain_errors",
+    "entry_block_reader", "error_message", "event_block_key", "evictable_blocks", "eviction_head",
+    "explain_errors",
     "finished_request_ids", "free_block_queue", "free_blocks", "free_slots", "group_key_suffix",
     "has_running_prefill", "hash_map_dict", "hash_map_getter", "is_prefill_chunk",
     "keys_are_suffixed", "kv_cache_manager", "kv_connector", "kv_usage", "longest_cache_hit",
@@ -187,8 +191,8 @@ __all__ = [
     "report_request_error", "reported_ids", "request_extra_args", "request_fields",
     "request_priority", "request_tenant", "requests_by_id",
     "resumed_ids", "running_prefills", "running_requests", "scan_bound", "scheduled_spans",
-    "scheduled_tokens", "set_active_limit", "set_finished_request_ids", "set_prefill_cap",
-    "set_request_priority", "shape",
+    "scheduled_tokens", "set_active_limit", "set_finished_request_ids", "set_kv_event_publisher",
+    "set_prefill_cap", "set_request_priority", "shape",
     "skips_external_kv", "started_ids", "step_chunks", "supports_incremental", "times_preempted",
     "token_budget", "usable_blocks", "use_fcfs_waiting_queue", "vllm_config", "waiting_queue",
 ]

@@ -1,0 +1,114 @@
+"""What a node of the fleet replay publishes: its load figures and vLLM's KV cache events.
+
+A real router sees a node through `/metrics` (queue lengths, KV usage) and, for the KV-aware ones,
+through the node's KV events over ZMQ. The fleet replay (`fairway.fleet`) builds both from each
+node's engine at the end of each of its steps: `node_load` reads the figures (Fairway's exported
+queue work among them), `KVEventSink` takes the events vLLM's scheduler publishes, and
+`block_keys` gives a request's blocks under the keys those events carry. Why here: these read
+vLLM's objects (through `fairway.vllm.internals`), which only `fairway/vllm` may.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, EventBatch, EventPublisher
+
+from fairway.fleet.routing import NodeLoad
+from fairway.vllm import internals
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+    from fairway.vllm.scheduler import FairwayScheduler
+
+
+class KVEventSink(EventPublisher):
+    """vLLM's publisher interface, collecting instead of sending: each step's `BlockStored` and
+    `BlockRemoved` events as (block key, stored) pairs, in the order vLLM recorded them, until
+    `take` hands them over (the fleet replay stamps them with the step's end).
+
+    `enabled` False drops every batch at once (a router that reads no events: nothing is kept).
+    vLLM's `AllBlocksCleared` (a prefix-cache reset, which a replay never asks for) is dropped.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(data_parallel_rank=0)
+        self.enabled = True
+        self._pending: list[tuple[int, bool]] = []
+
+    def publish(self, events: EventBatch) -> None:
+        if not self.enabled:
+            return
+        key = internals.event_block_key
+        pending = self._pending
+        for event in events.events:
+            if isinstance(event, BlockStored):
+                pending.extend((key(h), True) for h in event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                pending.extend((key(h), False) for h in event.block_hashes)
+
+    def shutdown(self) -> None:
+        """Nothing to close: no socket, no thread."""
+
+    def take(self) -> list[tuple[int, bool]]:
+        """The events collected since the last call, oldest first."""
+        taken, self._pending = self._pending, []
+        return taken
+
+
+def capture_kv_events(scheduler: FairwayScheduler) -> KVEventSink:
+    """Put a `KVEventSink` where the scheduler publishes its KV events (built with
+    `kv_events=True`, `fairway.vllm.offline_vllm.engine_configs`) and return it."""
+    sink = KVEventSink()
+    internals.set_kv_event_publisher(scheduler, sink)
+    return sink
+
+
+def block_keys(request: Request) -> tuple[int, ...]:
+    """The keys of a request's full blocks, as its node's KV events name them (`Request.
+    block_hashes`, vLLM's chained hashes, one per full block of `block_size` tokens)."""
+    key = internals.event_block_key
+    return tuple(key(h) for h in request.block_hashes)
+
+
+def queued_uncached_tokens(scheduler: FairwayScheduler) -> int:
+    """Prompt tokens the node's waiting and running requests still have to compute after their
+    prefix hits: Fairway's exported queue work.
+
+    A running request counts its prompt beyond its computed tokens (which include its hit); a
+    waiting one its prompt beyond the hit Fairway's mirror holds for it (as of the node's last
+    pre-pass; 0 for a request not looked up yet, as the policy sees it). Read only: nothing in
+    the mirror or the engine changes.
+    """
+    total = 0
+    for request in internals.running_requests(scheduler):
+        left = request.num_prompt_tokens - request.num_computed_tokens
+        if left > 0:
+            total += left
+    mirror = scheduler.fairway_mirror
+    ticket_of = mirror.table.ticket_of
+    cached = mirror.memo.cached
+    for request in internals.waiting_queue(scheduler):
+        ticket = ticket_of.get(request)
+        hit = int(cached[ticket]) if ticket is not None else 0
+        left = request.num_prompt_tokens - max(hit, request.num_computed_tokens)
+        if left > 0:
+            total += left
+    return total
+
+
+def node_load(scheduler: FairwayScheduler, node: int, now: float) -> NodeLoad:
+    """The node's load figures at `now`, as its `/metrics` would show them then."""
+    running, waiting = scheduler.get_request_counts()
+    usable = internals.usable_blocks(scheduler)
+    return NodeLoad(
+        node=node,
+        published_s=now,
+        waiting_requests=waiting,
+        running_requests=running,
+        kv_usage=internals.kv_usage(scheduler),
+        active_blocks=usable - internals.free_blocks(scheduler),
+        queued_uncached_tokens=queued_uncached_tokens(scheduler),
+        total_blocks=usable,
+    )
