@@ -8,7 +8,8 @@ Tests: the queue's order, `requests_by_id` and `times_preempted`,
 `tests/integration/test_selftest.py` (`_queue_order`, `_request_error`, `_resumed`) and
 `tests/unit/test_queue_table.py`; the scan's bound, `tests/integration/test_head_order.py`; the
 priority heap swapped for the deque, `tests/integration/test_compat_priority.py`; tenants,
-`tests/integration/test_tenant_metrics.py`; vLLM 0.34's window,
+`tests/integration/test_tenant_metrics.py`; the trust gate's `request_extra_args` and
+`set_request_priority`, `tests/integration/test_trust_gate.py`; vLLM 0.34's window,
 `tests/integration/test_vllm_window.py`.
 """
 

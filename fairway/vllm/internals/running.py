@@ -8,7 +8,8 @@ Tests: the cap, the budget, the slots and the running prefills,
 `tests/integration/test_selftest.py` (`_prefill_cap`) and
 `tests/integration/test_share_property.py`; `decode_tokens_per_step`,
 `tests/integration/test_spec_decode_cap.py`; `has_running_prefill`,
-`tests/integration/test_idle_steps.py`.
+`tests/integration/test_idle_steps.py`; `prompt_tokens_left` (the queued-work gauge),
+`tests/integration/test_queued_work.py`.
 """
 
 from __future__ import annotations
