@@ -72,32 +72,6 @@ def block_keys(request: Request) -> tuple[int, ...]:
     return tuple(key(h) for h in request.block_hashes)
 
 
-def queued_uncached_tokens(scheduler: FairwayScheduler) -> int:
-    """Prompt tokens the node's waiting and running requests still have to compute after their
-    prefix hits: Fairway's exported queue work.
-
-    A running request counts its prompt beyond its computed tokens (which include its hit); a
-    waiting one its prompt beyond the hit Fairway's mirror holds for it (as of the node's last
-    pre-pass; 0 for a request not looked up yet, as the policy sees it). Read only: nothing in
-    the mirror or the engine changes.
-    """
-    total = 0
-    for request in internals.running_requests(scheduler):
-        left = request.num_prompt_tokens - request.num_computed_tokens
-        if left > 0:
-            total += left
-    mirror = scheduler.fairway_mirror
-    ticket_of = mirror.table.ticket_of
-    cached = mirror.memo.cached
-    for request in internals.waiting_queue(scheduler):
-        ticket = ticket_of.get(request)
-        hit = int(cached[ticket]) if ticket is not None else 0
-        left = request.num_prompt_tokens - max(hit, request.num_computed_tokens)
-        if left > 0:
-            total += left
-    return total
-
-
 def node_load(scheduler: FairwayScheduler, node: int, now: float) -> NodeLoad:
     """The node's load figures at `now`, as its `/metrics` would show them then."""
     running, waiting = scheduler.get_request_counts()
@@ -109,6 +83,7 @@ def node_load(scheduler: FairwayScheduler, node: int, now: float) -> NodeLoad:
         running_requests=running,
         kv_usage=internals.kv_usage(scheduler),
         active_blocks=usable - internals.free_blocks(scheduler),
-        queued_uncached_tokens=queued_uncached_tokens(scheduler),
+        # Fairway's exported queue work, as `fairway:queued_uncached_tokens` measures it
+        queued_uncached_tokens=scheduler.fairway_prepass.queued_uncached_tokens(),
         total_blocks=usable,
     )
