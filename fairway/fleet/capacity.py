@@ -25,13 +25,12 @@ so a reader can see the evidence. A cell that misses the SLO at `min_load` (or o
 reports status "never" and no number; one that still meets it at `max_load` reports
 "at-least" with `max_load` as a lower bound.
 
-The hardware is fixed across a search, as a real fleet's is: each node's KV cache is sized once
-(`reference_blocks`) from the trace at load 1 on the searched fleet (for `nodes_needed`: at the
-offered rate on ceil(L) nodes), with the fleet replay's own rule (`node_cache`: the fleet holds
-`cache_fraction` of that trace's reusable content), and then kept for every probe (never below
-a probe trace's own floor: its longest prompt must fit). Sizing per probe, as `fairway bench
---nodes --load` does, would give a busier fleet more memory (the agent sessions' reusable
-content doubles with the load).
+The hardware is fixed across a search, as a real fleet's is: each node gets the KV cache that
+`fairway bench --nodes` gives a node at load 1 (`node_memory`: what a single replay of the preset
+at one node's capacity gives its engine, `fairway.fleet.traces.node_blocks`) at every load and
+on any number of nodes (never below a probe trace's own floor: its longest prompt must fit), or
+the `num_blocks` given. Sizing per load, as `fairway bench --nodes --load` does, would give a
+busier fleet more memory (the agent sessions' reusable content doubles with the load).
 
 The SLO (`SLO`) is over the fleet-wide TTFT of every request of the trace: a request that failed
 (no first token) counts as a TTFT above every bound, so failures count against both
@@ -343,57 +342,57 @@ def fleet_trace_at(spec: str, rate: float, *, quick: bool = False,
     return load_fleet_trace(spec, num_nodes=1, load=rate, quick=quick, cache_dir=cache_dir)
 
 
-def reference_blocks(trace: Trace, num_nodes: int, options: Mapping[str, Any]) -> int:
-    """Each node's KV blocks for a search: `options["num_blocks"]`, else the fleet replay's
-    sizing of `trace` on `num_nodes` nodes (`node_cache`) with the options' cache fraction."""
-    from fairway.fleet.replay import node_cache
+def node_memory(spec: str, trace: Trace, options: Mapping[str, Any], *, quick: bool = False,
+                cache_dir: str | None = None) -> int | None:
+    """Each node's KV blocks for a probe on `trace` (preset `spec` at some rate):
+    `options["num_blocks"]` as given, else `node_blocks` at load 1 with the options' cache
+    fraction and step budget (the same for every rate), at least `trace`'s floor. None for a
+    trace file (the fleet replay sizes it)."""
+    from fairway.fleet.traces import node_blocks
     from fairway.replay.engine_sizing import DEFAULT_BATCHED_TOKENS, DEFAULT_CACHE_FRACTION
 
     given = options.get("num_blocks")
-    sizing = node_cache(
-        trace, num_nodes, options.get("cache_fraction", DEFAULT_CACHE_FRACTION), given,
-        options.get("block_size", 16),
-        options.get("max_num_batched_tokens", DEFAULT_BATCHED_TOKENS),
+    if given is not None:
+        return int(given)
+    return node_blocks(
+        spec, trace, load=1.0, quick=quick, cache_dir=cache_dir,
+        cache_fraction=options.get("cache_fraction", DEFAULT_CACHE_FRACTION),
+        block_size=options.get("block_size", 16),
+        max_num_batched_tokens=options.get("max_num_batched_tokens", DEFAULT_BATCHED_TOKENS),
     )
-    return sizing.num_blocks
-
-
-def _floor_blocks(trace: Trace, options: Mapping[str, Any]) -> int:
-    from fairway.replay.engine_sizing import DEFAULT_BATCHED_TOKENS, size_cache
-
-    return size_cache(trace, block_size=options.get("block_size", 16),
-                      max_num_batched_tokens=options.get("max_num_batched_tokens",
-                                                         DEFAULT_BATCHED_TOKENS)).floor_blocks
 
 
 @dataclass
 class FleetEvaluator:
-    """Replays probes as `FleetJob`s through the sweep runner (`run_jobs`), traces built once per
-    rate, every node's cache `num_blocks` (never below a trace's floor).
+    """Replays probes as `FleetJob`s through the sweep runner (`run_jobs`), each trace built and
+    each node's memory sized (`node_memory`) once per rate.
 
     Attributes:
         spec: the preset (or trace file: then only its own rate, 1).
-        num_blocks: each node's KV blocks (`reference_blocks`).
         quick, cache_dir: as `load_fleet_trace`.
         options: other keyword arguments of `fleet_replay` (profile, max_num_batched_tokens,
-            signals, ...; cache_fraction is replaced by `num_blocks`).
+            num_blocks, signals, ...).
         workers, ray, progress: as `run_jobs`.
     """
 
     spec: str
-    num_blocks: int
     quick: bool = False
     cache_dir: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     workers: int = 2
     ray: str | None = None
     progress: bool = False
-    _traces: dict[float, Trace] = field(default_factory=dict, repr=False)
+    _traces: dict[float, tuple[Trace, int | None]] = field(default_factory=dict, repr=False)
 
-    def trace(self, rate: float) -> Trace:
+    def trace(self, rate: float) -> tuple[Trace, int | None]:
+        """The trace at `rate` single-node capacities and each node's KV blocks on it."""
         if rate not in self._traces:
-            self._traces[rate] = fleet_trace_at(self.spec, rate, quick=self.quick,
-                                                cache_dir=self.cache_dir)
+            trace = fleet_trace_at(self.spec, rate, quick=self.quick, cache_dir=self.cache_dir)
+            blocks = node_memory(self.spec, trace, self.options, quick=self.quick,
+                                 cache_dir=self.cache_dir)
+            logger.info("%s at %g capacities: %d requests, %s KV blocks per node", self.spec,
+                        rate, len(trace.requests), blocks)
+            self._traces[rate] = trace, blocks
         return self._traces[rate]
 
     def jobs(self, probes: Sequence[Probe]) -> list[Any]:
@@ -402,9 +401,10 @@ class FleetEvaluator:
 
         jobs = []
         for p in probes:
-            trace = self.trace(p.rate)
-            options = {k: v for k, v in self.options.items() if k != "cache_fraction"}
-            options["num_blocks"] = max(self.num_blocks, _floor_blocks(trace, options))
+            trace, blocks = self.trace(p.rate)
+            options = dict(self.options)
+            if blocks is not None:
+                options["num_blocks"] = blocks
             name = fleet_trace_label(self.spec, self.quick, p.num_nodes, round(p.load, 6))
             jobs.append(FleetJob(name, trace, p.cell.policy, p.cell.router, p.num_nodes,
                                  options=options))
@@ -427,18 +427,6 @@ def _cells(routers: Sequence[str], policies: Sequence[str]) -> list[Cell]:
     return cells
 
 
-def _evaluator(spec: str, reference: tuple[int, float], *, quick: bool, cache_dir: str | None,
-               options: Mapping[str, Any] | None, workers: int, ray: str | None,
-               progress: bool) -> FleetEvaluator:
-    nodes, rate = reference
-    evaluator = FleetEvaluator(spec, 0, quick, cache_dir, dict(options or {}), workers, ray,
-                               progress)
-    evaluator.num_blocks = reference_blocks(evaluator.trace(rate), nodes, evaluator.options)
-    logger.info("capacity search on %s: %d KV blocks per node (the trace at %g capacities on "
-                "%d nodes)", spec, evaluator.num_blocks, rate, nodes)
-    return evaluator
-
-
 def capacity_grid(
     trace_spec: str, routers: Sequence[str], policies: Sequence[str], num_nodes: int,
     slo: SLO | None = None, *, tolerance: float = DEFAULT_TOLERANCE,
@@ -457,8 +445,8 @@ def capacity_grid(
         tolerance: the bracket's width at which bisection stops (load units).
         start_load, min_load, max_load, growth: the bracketing.
         quick, cache_dir: as `load_fleet_trace`.
-        options: other keyword arguments of `fleet_replay` (cache_fraction sizes the caches
-            once, `reference_blocks`).
+        options: other keyword arguments of `fleet_replay` (cache_fraction and
+            max_num_batched_tokens size each node's memory once, `node_memory`).
         workers, ray, progress: as `fairway.replay.sweep.run_jobs`.
         evaluate: replays a round's probes (None: `FleetEvaluator`).
 
@@ -480,9 +468,8 @@ def capacity_grid(
                             f"{min_load:g}, {start_load:g}, {max_load:g}")
     cells = _cells(routers, policies)
     if evaluate is None:
-        evaluate = _evaluator(trace_spec, (num_nodes, float(num_nodes)), quick=quick,
-                              cache_dir=cache_dir, options=options, workers=workers, ray=ray,
-                              progress=progress)
+        evaluate = FleetEvaluator(trace_spec, quick, cache_dir, dict(options or {}), workers,
+                                  ray, progress)
     searches = [(c, LoadSearch(start_load, min_load, max_load, tolerance, growth))
                 for c in cells]
     return run_searches(searches, lambda c, x: Probe(c, num_nodes, num_nodes * x), evaluate,
@@ -503,7 +490,7 @@ def nodes_grid(
 ) -> list[Outcome]:
     """Each router x policy's fewest nodes that meet `slo` at `offered_load` single-node
     capacities (module docstring): the trace is built once at that rate; each node's cache is
-    sized as on ceil(offered_load) nodes and kept.
+    a node's at load 1 (`node_memory`), so more nodes hold more.
 
     Args:
         max_nodes: the most nodes tried (None: 4 x ceil(offered_load)); a cell that misses the
@@ -519,8 +506,8 @@ def nodes_grid(
     max_nodes = 4 * start if max_nodes is None else _count("max_nodes", max_nodes)
     cells = _cells(routers, policies)
     if evaluate is None:
-        evaluate = _evaluator(trace_spec, (start, rate), quick=quick, cache_dir=cache_dir,
-                              options=options, workers=workers, ray=ray, progress=progress)
+        evaluate = FleetEvaluator(trace_spec, quick, cache_dir, dict(options or {}), workers,
+                                  ray, progress)
     searches = [(c, NodeSearch(min(start, max_nodes), max_nodes)) for c in cells]
     return run_searches(searches, lambda c, n: Probe(c, int(n), rate), evaluate, slo)
 

@@ -27,6 +27,7 @@ from fairway.fleet.capacity import (
     ratio,
 )
 from fairway.fleet.result import FleetResult
+from fairway.fleet.traces import load_fleet_trace
 from fairway.replay.engine_sizing import size_cache
 from fairway.replay.results import ReplayResult, RequestResult
 from fairway.traces.format import Trace, TraceHeader, TraceRequest
@@ -255,8 +256,6 @@ def test_nodes_beyond_max_nodes_report_never():
 def test_the_offered_rate_is_num_nodes_times_load():
     """`load_fleet_trace` at N nodes x load L / N is the trace at 1 node x L: the nodes search
     replays one trace on any number of nodes."""
-    from fairway.fleet.traces import load_fleet_trace
-
     one = capacity.fleet_trace_at("hit-heavy", 2.0, quick=True)
     four = load_fleet_trace("hit-heavy", num_nodes=4, load=0.5, quick=True)
     assert [r.arrival_s for r in one.requests] == [r.arrival_s for r in four.requests]
@@ -271,13 +270,22 @@ def tiny_trace(prompt: int) -> Trace:
 
 
 def test_jobs_keep_each_nodes_cache_fixed_but_never_below_a_traces_floor():
-    evaluator = FleetEvaluator("hit-heavy", num_blocks=500, quick=True,
-                               options={"cache_fraction": 0.3, "max_num_batched_tokens": 2048})
-    evaluator._traces.update({4.0: tiny_trace(100), 8.0: tiny_trace(20_000)})
-    small, big = evaluator.jobs([Probe(Cell("rr", "fcfs"), 4, 4.0),
-                                 Probe(Cell("llm-d", "fairway"), 4, 8.0)])
-    assert small.options["num_blocks"] == 500 and "cache_fraction" not in small.options
-    floor = size_cache(tiny_trace(20_000), max_num_batched_tokens=2048).floor_blocks
-    assert big.options["num_blocks"] == floor > 500
-    assert (small.router, small.policy, small.num_nodes) == ("rr", "fcfs", 4)
-    assert small.trace_name == "hit-heavy-quick-N4" and big.trace_name == "hit-heavy-quick-N4-x2"
+    """Each node's memory is a node's at load 1 (the single replay of the preset at one node's
+    capacity) whatever the probe's rate, unless a prompt of the probe's trace needs more."""
+    options = {"cache_fraction": 0.3, "max_num_batched_tokens": 2048}
+    evaluator = FleetEvaluator("hit-heavy", quick=True, options=options)
+    small, big = tiny_trace(100), tiny_trace(20_000)
+    one_node = load_fleet_trace("hit-heavy", num_nodes=1, quick=True)
+    single = size_cache(one_node, cache_fraction=0.3).num_blocks
+    assert capacity.node_memory("hit-heavy", small, options, quick=True) == single
+    floor = size_cache(big, max_num_batched_tokens=2048).floor_blocks
+    assert floor > single
+    assert capacity.node_memory("hit-heavy", big, options, quick=True) == floor
+    assert capacity.node_memory("hit-heavy", big, {"num_blocks": 77}) == 77  # given: as given
+
+    evaluator._traces.update({4.0: (small, single), 8.0: (big, floor)})
+    a, b = evaluator.jobs([Probe(Cell("rr", "fcfs"), 4, 4.0),
+                           Probe(Cell("llm-d", "fairway"), 4, 8.0)])
+    assert (a.options["num_blocks"], b.options["num_blocks"]) == (single, floor)
+    assert (a.router, a.policy, a.num_nodes) == ("rr", "fcfs", 4)
+    assert a.trace_name == "hit-heavy-quick-N4" and b.trace_name == "hit-heavy-quick-N4-x2"
