@@ -77,7 +77,8 @@ class FleetNode:
         return [] if self.sink is None else self.sink.take()
 
     def stop_events(self) -> None:
-        """Collect no more KV events (the router reads none)."""
+        """Collect no more KV events (the router reads none); vLLM stops recording them."""
+        from fairway.vllm.fleet_signals import stop_kv_events
+
         if self.sink is not None:
-            self.sink.enabled = False
-            self.sink.take()
+            stop_kv_events(self.engine.scheduler, self.sink)

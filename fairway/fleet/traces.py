@@ -65,7 +65,20 @@ def load_fleet_trace(spec: str, *, num_nodes: int, load: float = 1.0, quick: boo
         return load_trace_spec(spec, quick=quick, cache_dir=cache_dir,
                                load=round(preset_load * scale, 9))
     return load_trace_spec(spec, quick=quick, cache_dir=cache_dir,
-                           capacity_tps=default_capacity_tps() * scale)
+                           capacity_tps=default_capacity_tps() * scale,
+                           **_request_cap(args, scale))
+
+
+def _request_cap(args: dict[str, Any], scale: float) -> dict[str, Any]:
+    """The family's `max_requests` (a guard against a runaway load, 20,000 for one node) raised
+    by `scale` when it has one and the preset does not set it: N nodes take N times the
+    requests. Empty otherwise (a preset's own trace keeps its parameters)."""
+    from fairway.traces.build import make_params
+
+    if scale <= 1.0 or "max_requests" in args["params"]:
+        return {}
+    default = getattr(make_params(args["family"], args["params"]), "max_requests", None)
+    return {} if default is None else {"max_requests": math.ceil(default * scale)}
 
 
 def node_blocks(spec: str, fleet_trace: Any, *, load: float = 1.0, quick: bool = False,

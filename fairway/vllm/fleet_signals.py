@@ -65,6 +65,14 @@ def capture_kv_events(scheduler: FairwayScheduler) -> KVEventSink:
     return sink
 
 
+def stop_kv_events(scheduler: FairwayScheduler, sink: KVEventSink) -> None:
+    """No more KV events from this node: vLLM stops recording them (they cost it a Python
+    object per block) and the sink drops what it holds."""
+    internals.stop_kv_events(scheduler)
+    sink.enabled = False
+    sink.take()
+
+
 def block_keys(request: Request) -> tuple[int, ...]:
     """The keys of a request's full blocks, as its node's KV events name them (`Request.
     block_hashes`, vLLM's chained hashes, one per full block of `block_size` tokens)."""

@@ -34,6 +34,8 @@ UNCHECKED = {
     "(offload_worker.order_finished_ids)",
     "Scheduler.kv_event_publisher": "the fleet replay's KV events only (fleet_signals."
     "capture_kv_events); a server publishes its events as vLLM does",
+    "BlockPool.enable_kv_cache_events": "the fleet replay only (fleet_signals.stop_kv_events, "
+    "a router that reads no events); a server leaves vLLM's setting alone",
     "Request.skip_reading_prefix_cache": "0.32/0.33 only (VllmShape.hit_limit picks it or "
     "skip_reading_external_kv); the self-test checks what it means",
     "Request.skip_reading_external_kv": "0.34 only (VllmShape.hit_limit); the self-test checks "

@@ -88,7 +88,11 @@ from fairway.vllm.internals.kv_cache import (
     supports_incremental,
     usable_blocks,
 )
-from fairway.vllm.internals.kv_events import event_block_key, set_kv_event_publisher
+from fairway.vllm.internals.kv_events import (
+    event_block_key,
+    set_kv_event_publisher,
+    stop_kv_events,
+)
 from fairway.vllm.internals.offload import (
     OffloadTransfers,
     finished_request_ids,
@@ -193,7 +197,8 @@ __all__ = [
     "resumed_ids", "running_prefills", "running_requests", "scan_bound", "scheduled_spans",
     "scheduled_tokens", "set_active_limit", "set_finished_request_ids", "set_kv_event_publisher",
     "set_prefill_cap", "set_request_priority", "shape",
-    "skips_external_kv", "started_ids", "step_chunks", "supports_incremental", "times_preempted",
+    "skips_external_kv", "started_ids", "step_chunks", "stop_kv_events", "supports_incremental",
+    "times_preempted",
     "token_budget", "usable_blocks", "use_fcfs_waiting_queue", "vllm_config", "waiting_queue",
 ]
 

@@ -8,7 +8,8 @@ records a `BlockStored` for the full blocks it caches and a `BlockRemoved` for e
 (`fairway.vllm.fleet_signals.KVEventSink`) instead of a ZMQ socket. The events are vLLM's public
 wire format; which object publishes them is not.
 
-Not in the start-up check lists: only the fleet replay swaps the publisher, never a server
+Not in the start-up check lists: only the fleet replay swaps the publisher (and turns the
+events off when its router reads none), never a server
 (tests/integration/test_internals_markers.py, `UNCHECKED`). Tests: the events a step publishes
 carry the keys of the request's blocks, tests/integration/test_fleet_replay.py.
 """
@@ -16,6 +17,8 @@ carry the keys of the request's blocks, tests/integration/test_fleet_replay.py.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from fairway.vllm.internals.kv_cache import block_pool
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -31,6 +34,16 @@ def set_kv_event_publisher(scheduler: Scheduler, publisher: Any) -> None:
     here: nothing to bind) and calls its `publish(batch)` once per step with events.
     """
     scheduler.kv_event_publisher = publisher  # vLLM internal: Scheduler.kv_event_publisher
+
+
+def stop_kv_events(scheduler: Scheduler) -> None:
+    """Stop vLLM recording KV events from now on (nobody reads them): its block pool checks
+    `enable_kv_cache_events` at every block it caches or evicts, and builds each event (hash
+    conversion, token slices, an environment read per block) only when it is set. The events
+    recorded so far are dropped."""
+    pool = block_pool(scheduler)
+    pool.take_events()
+    pool.enable_kv_cache_events = False  # vLLM internal: BlockPool.enable_kv_cache_events
 
 
 def event_block_key(block_hash: bytes | int) -> int:
