@@ -7,8 +7,8 @@ client (`vllm bench serve`).
 
 Where a request runs is the router's choice, in which order the requests that landed on a node
 start is Fairway's: this measures the two together. For each node policy (`fairway`, `fcfs`:
-both nodes the same) two `fairway serve` nodes of the tiny model (float32: vLLM's CPU kernels
-emulate bfloat16 without AVX-512) start side by side, each with its model worker pinned to its
+both nodes the same) two `fairway serve` nodes of the tiny model (served in float32) start
+side by side, each with its model worker pinned to its
 own core when the machine has two (`VLLM_CPU_OMP_THREADS_BIND`), and for each run and router
 policy (`cache_aware`, `round_robin`, `kv_aware`; runs interleaved) a fresh
 `vllm-router --worker-urls NODE_A NODE_B --policy P` is started in front of them
@@ -51,6 +51,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -76,9 +77,11 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "kv_aware")
 NODE_POLICIES = ("fairway", "fcfs")
 #: The router's HTTP server starts in about a second; its first check of the workers is at once.
 ROUTER_STARTUP_TIMEOUT_S = 60.0
-#: Engine settings of every node (the step budget chunks the misses; blocks of 32: CPU attention).
-NODE_ARGS = ("--block-size", str(fidelity.BLOCK_SIZE), "--max-num-seqs", "64",
-             "--load-format", "dummy", "--enforce-eager")
+#: Engine settings of every node (blocks of 32: vLLM's CPU attention; float32: its CPU kernels
+#: emulate bfloat16 without AVX-512, ~3 x slower on the 2-core VM; dummy weights: the output is
+#: noise either way, the prefill cost is real).
+NODE_ARGS = ("--block-size", str(fidelity.BLOCK_SIZE), "--max-num-seqs", "64", "--dtype",
+             "float32", "--load-format", "dummy", "--enforce-eager")
 #: vLLM's default `--gpu-memory-utilization` (0.9 of host memory on CPU) is far too much twice.
 DEFAULT_MEMORY_ARG = "--gpu-memory-utilization=0.15"
 
@@ -381,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
               "./scripts/setup.sh)", file=sys.stderr)
         return 2
     os.environ["PYTHONHASHSEED"] = "0"  # `vllm bench serve` draws a chunk's tokens by hash()
+    # Started in the background (`cmd &`), Python inherits SIGINT ignored: restore Ctrl-C's
+    # KeyboardInterrupt so that an interrupted run still stops its nodes and router.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     routers = args.router_policy or list(ROUTER_POLICIES)
     node_policies = args.node_policy or list(NODE_POLICIES)
     started = time.perf_counter()

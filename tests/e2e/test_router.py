@@ -30,10 +30,10 @@ if not ROUTER.exists():
     pytest.skip("vllm-router is not installed (the `router` extra: FAIRWAY_EXTRAS=router "
                 "./scripts/setup.sh)", allow_module_level=True)
 
-#: Small nodes: a 1k context, 128 KV blocks of 32 tokens each, 512-token steps.
+#: Small nodes: a 1k context, 128 KV blocks of 32 tokens each, 512-token steps (and the
+#: benchmark's node settings: float32, dummy weights, eager).
 NODE_ARGS = ("--gpu-memory-utilization", "0.15", "--max-model-len", "1024",
-             "--max-num-batched-tokens", "512", "--num-gpu-blocks-override", "128",
-             "--dtype", "bfloat16")
+             "--max-num-batched-tokens", "512", "--num-gpu-blocks-override", "128")
 
 
 def _live_router() -> ModuleType:
