@@ -39,9 +39,9 @@ Table (live_router.md, and every number in live_router.json): per router x node 
 median / p90 / p99 over all requests (the median of the runs, with their range), hits' and
 misses' p99, failed requests, requests per node (median of the runs) and the cache hit share.
 The trace is 268 requests over 30 s: six 1,536-token documents, hits at 8/s (+64 tokens each),
-4,096-token misses every second; 384 KV blocks of 32 tokens per node. One run is ~75 s (the
-client's start included), the whole grid (3 routers x 2 node policies x 3 runs, two node
-start-ups) ~30 min on 2 cores.
+4,096-token misses every second; 384 KV blocks of 32 tokens per node. One run is 53-95 s (the
+client's start included), the whole grid (3 routers x 2 node policies x 3 runs, the nodes started
+twice) took 1,459 s on the 2-core VM shared with other jobs (docs/deployment.md has the table).
 """
 
 from __future__ import annotations
