@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
 TINY = ["--quick", "--nodes", "2", "--routers", "round-robin", "vllm-cache-aware",
         "--policies", "fcfs", "fairway", "--workers", "0", "--no-progress"]
 
@@ -27,12 +29,24 @@ def script(name: str):
     return module
 
 
-def test_capacity_gives_every_cell_a_verdict_its_probes_support(tmp_path, capsys):
+def documented_capacity_command() -> list[str]:
+    """The arguments of FAIRWAY.md's `fleet_capacity.py` command, as written there (its entry
+    in tests/integration/test_docs_commands.py only parses it: this test runs it)."""
+    text = (ROOT / "FAIRWAY.md").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines()
+             if line.startswith(".venv/bin/python benchmarks/fleet_capacity.py ")]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])[2:]
+
+
+def test_the_documented_capacity_run_gives_every_cell_a_verdict_its_probes_support(
+        tmp_path, capsys):
     bench = script("fleet_capacity")
-    # Two rounds at most: 0.25, then 0.125 if it missed; the nodes at 0.25 capacities: 1 node
-    data = bench.main([*TINY, "--trace", "hit-heavy", "--start-load", "0.25", "--min-load",
-                       "0.125", "--max-load", "0.25", "--tolerance", "0.5", "--offered-load",
-                       "0.25", "--max-nodes", "1", "--out", str(tmp_path / "cap")])
+    argv = documented_capacity_command()
+    # Two rounds at most: 0.25, then 0.125 if it missed; the nodes at 0.5 capacities: 1 or 2
+    assert argv[argv.index("--start-load") + 1] == "0.25"
+    argv[argv.index("--out") + 1] = str(tmp_path / "cap")
+    data = bench.main(argv)
     out = Path(data["out_dir"])
     assert {p.name for p in out.iterdir()} >= {"capacity.md", "capacity.json", "capacity.png"}
     saved = json.loads((out / "capacity.json").read_text())
@@ -52,7 +66,7 @@ def test_capacity_gives_every_cell_a_verdict_its_probes_support(tmp_path, capsys
         assert all(p["summary"]["requests"] == c["probes"][0]["summary"]["requests"]
                    for p in c["probes"])  # one offered trace on any number of nodes
     printed = capsys.readouterr().out
-    assert "| vllm-cache-aware |" in printed and "Nodes needed at 0.25" in printed
+    assert "| vllm-cache-aware |" in printed and "Nodes needed at 0.5" in printed
 
 
 def test_grid_goal_ratios_are_its_own_rows(tmp_path, capsys):
