@@ -82,6 +82,9 @@ class Entry:
     replace: tuple[tuple[str, str], ...] = ()
     #: Where a bare program name comes from.
     where: str = ""
+    #: A console script of an optional extra (`vllm-router`: the `router` extra); without it in
+    #: the environment the command is skipped, saying which extra installs it.
+    needs: str = ""
 
 
 _ACTIVATED = "bare `fairway`/`vllm`: needs .venv/bin on PATH (source .venv/bin/activate)"
@@ -197,6 +200,48 @@ COMMANDS: dict[str, Entry] = {
     "/profiles/h100x4-llama3.1-70b.json --tensor-parallel-size 4 "
     "--distributed-executor-backend ray":
         Entry("PARSE", "tensor parallelism over 4 GPUs on Ray", where=_IN_IMAGE),
+    # docs/deployment.md, many prefill nodes behind vLLM's router (the `router` extra)
+    "make setup FAIRWAY_EXTRAS=router":
+        Entry("MAKE", "the set-up with the `router` extra (vllm-router)"),
+    ".venv/bin/fairway tiny-model /tmp/tiny-router --max-len 8192 --dtype float32":
+        Entry("RUN", "writes a tiny model in seconds",
+              (("/tmp/tiny-router", "{tmp}/tiny-router"),)),
+    "PYTHONHASHSEED=0 VLLM_CPU_OMP_THREADS_BIND=0 .venv/bin/fairway serve /tmp/tiny-router "
+    "--port 8001 --policy fairway --block-size 32 --max-num-seqs 64 --dtype float32 "
+    "--load-format dummy --enforce-eager --num-gpu-blocks-override 384 "
+    "--max-num-batched-tokens 1024 --max-model-len 8192 --gpu-memory-utilization 0.15 "
+    "--kv-events-config "
+    "'{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}'":
+        Entry("PARSE", "a node of the live router benchmark (a server; benchmarks/live_router.py "
+              "and tests/e2e/test_router.py start it)"),
+    "PYTHONHASHSEED=0 VLLM_CPU_OMP_THREADS_BIND=1 .venv/bin/fairway serve /tmp/tiny-router "
+    "--port 8002 --policy fairway --block-size 32 --max-num-seqs 64 --dtype float32 "
+    "--load-format dummy --enforce-eager --num-gpu-blocks-override 384 "
+    "--max-num-batched-tokens 1024 --max-model-len 8192 --gpu-memory-utilization 0.15 "
+    "--kv-events-config "
+    "'{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5558\"}'":
+        Entry("PARSE", "a node of the live router benchmark (a server; benchmarks/live_router.py "
+              "and tests/e2e/test_router.py start it)"),
+    ".venv/bin/vllm-router --port 8000 --worker-urls http://127.0.0.1:8001 "
+    "http://127.0.0.1:8002 --policy cache_aware --worker-startup-check-interval 1":
+        Entry("PARSE", "a router in front of two running nodes", needs="vllm-router"),
+    ".venv/bin/vllm-router --port 8000 --worker-urls http://127.0.0.1:8001 "
+    "http://127.0.0.1:8002 --policy kv_aware --worker-startup-check-interval 1 "
+    "--kv-event-source http://127.0.0.1:8001=tcp://127.0.0.1:5557 "
+    "--kv-event-source http://127.0.0.1:8002=tcp://127.0.0.1:5558 --kv-event-block-size 32 "
+    "--kv-event-model /tmp/tiny-router":
+        Entry("PARSE", "a router in front of two running nodes publishing KV events",
+              needs="vllm-router"),
+    ".venv/bin/vllm bench serve --backend vllm --base-url http://127.0.0.1:8000 --model "
+    "/tmp/tiny-router --tokenizer /tmp/tiny-router --dataset-name timed_trace --dataset-path "
+    "results/live-router/replays/trace-vllm-timed.jsonl --timed-trace-chunk-hash-size 16 "
+    "--num-prompts 268 --save-result --save-detailed --result-dir results/vllm-bench":
+        Entry("PARSE", "needs the router and its nodes running, and the trace the benchmark "
+              "below writes"),
+    ".venv/bin/python benchmarks/live_router.py --serve /tmp/tiny-router --out "
+    "results/live-router":
+        Entry("PARSE", "starts two nodes per node policy and a router per run (~30 min); "
+              "tests/e2e/test_router.py runs its path at a small size"),
     # docs/results.md
     ".venv/bin/python benchmarks/e1_sec_spikes.py --out results/e1":
         Entry("PARSE", "26 replays (about a minute)"),
@@ -407,6 +452,8 @@ def _program(tokens: list[str], entry: Entry, where: str) -> tuple[str, str, lis
         return "fairway", "fairway.cli:main", rest
     if name == "vllm":
         return "vllm", "vllm.entrypoints.cli.main:main", rest
+    if name == "vllm-router":
+        return "vllm-router", "vllm_router.launch_router:main", rest
     if name.startswith("python"):
         if rest[:1] == ["-m"]:
             return "module", rest[1], rest[2:]
@@ -474,6 +521,9 @@ def test_documented_command_works(command: DocCommand, run_dir: Path) -> None:
     entry = entry_of(command)
     if entry is None:
         pytest.skip("not classified (test_every_documented_command_is_classified fails)")
+    if entry.needs and not (VENV_BIN / entry.needs).exists():
+        pytest.skip(f"{command.where}: `{entry.needs}` is not installed (its extra: "
+                    "FAIRWAY_EXTRAS=router ./scripts/setup.sh)")
     if entry.kind == "RUN":
         _run(command, entry, run_dir)
     elif entry.kind in ("PARSE", "BROKEN"):
