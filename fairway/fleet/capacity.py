@@ -47,6 +47,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fairway.errors import FairwayConfigError
@@ -417,7 +418,11 @@ class FleetEvaluator:
                         progress=self.progress)
 
 
-def _cells(routers: Sequence[str], policies: Sequence[str]) -> list[Cell]:
+def _cells(spec: str, routers: Sequence[str], policies: Sequence[str]) -> list[Cell]:
+    """The grid's cells; a trace file is refused (a search rebuilds the trace at each rate)."""
+    if Path(spec).exists():
+        raise CapacityError(f"{spec} is a trace file, replayed only at its own rate; a capacity "
+                            "search rebuilds its trace at each rate: give a preset")
     if not routers or not policies:
         raise CapacityError("a capacity search needs at least one router and one policy")
     cells = [Cell(r, p) for r in routers for p in policies]
@@ -454,7 +459,7 @@ def capacity_grid(
         One `Outcome` per cell, routers outer, policies inner.
 
     Raises:
-        CapacityError: bad loads, tolerance, growth or nodes, or an empty grid.
+        CapacityError: bad loads, tolerance, growth or nodes, an empty grid, or a trace file.
     """
     _count("num_nodes", num_nodes)
     slo = slo or SLO()
@@ -466,7 +471,7 @@ def capacity_grid(
     if not min_load <= start_load <= max_load:
         raise CapacityError(f"the loads must satisfy min_load <= start_load <= max_load, got "
                             f"{min_load:g}, {start_load:g}, {max_load:g}")
-    cells = _cells(routers, policies)
+    cells = _cells(trace_spec, routers, policies)
     if evaluate is None:
         evaluate = FleetEvaluator(trace_spec, quick, cache_dir, dict(options or {}), workers,
                                   ray, progress)
@@ -498,13 +503,13 @@ def nodes_grid(
         The rest: as `capacity_grid`.
 
     Raises:
-        CapacityError: a bad offered load or max_nodes, or an empty grid.
+        CapacityError: a bad offered load or max_nodes, an empty grid, or a trace file.
     """
     rate = _positive("offered_load", offered_load)
     slo = slo or SLO()
     start = math.ceil(rate)
     max_nodes = 4 * start if max_nodes is None else _count("max_nodes", max_nodes)
-    cells = _cells(routers, policies)
+    cells = _cells(trace_spec, routers, policies)
     if evaluate is None:
         evaluate = FleetEvaluator(trace_spec, quick, cache_dir, dict(options or {}), workers,
                                   ray, progress)

@@ -220,6 +220,15 @@ def test_bad_grids_and_node_counts_are_refused():
     assert fake.rounds == []
 
 
+def test_a_trace_file_is_refused_it_cannot_be_rebuilt_at_another_rate(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("")
+    with pytest.raises(CapacityError, match="give a preset"):
+        capacity_at_slo(str(path), "rr", "fcfs", 4, evaluate=FakeFleet({}))
+    with pytest.raises(CapacityError, match="give a preset"):
+        nodes_needed(str(path), "rr", "fcfs", 2.0, evaluate=FakeFleet({}))
+
+
 def test_an_evaluator_that_loses_results_is_an_error():
     with pytest.raises(CapacityError, match="1 probes"):
         capacity_at_slo("s", "rr", "fcfs", 4, evaluate=lambda probes: [])
