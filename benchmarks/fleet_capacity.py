@@ -38,6 +38,8 @@ its description asks for) unless --cache-fraction / --max-num-batched-tokens say
 
 Writes capacity.md, capacity.json (every probe: load, SLO check, the fleet table row) and
 capacity.png (capacity per router, a bar per policy) to the output directory; prints the table.
+After every search round, progress-capacity.json (and progress-nodes_needed.json) hold the
+outcomes so far.
 """
 
 from __future__ import annotations
@@ -255,6 +257,15 @@ def write(out_dir: Path, name: str, markdown: str, data: Mapping[str, Any], star
     return wall
 
 
+def saver(out_dir: Path, kind: str) -> capacity.OnRound:
+    """Writes `progress-<kind>.json` after every search round (the outcomes so far), so a run
+    stopped midway keeps what it measured."""
+    def save(round_no: int, outcomes: list[Outcome]) -> None:
+        write_json(out_dir / f"progress-{kind}.json",
+                   {"round": round_no, "cells": [o.to_json() for o in outcomes]})
+    return save
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -273,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                   cache_dir=args.trace_cache)
     found = capacity.capacity_grid(
         args.trace, args.routers, args.policies, args.nodes, slo, tolerance=args.tolerance,
-        start_load=args.start_load, min_load=args.min_load, max_load=args.max_load, **common)
+        start_load=args.start_load, min_load=args.min_load, max_load=args.max_load,
+        on_round=saver(out_dir, "capacity"), **common)
     title = (f"{args.trace}{' (quick)' if args.quick else ''} on {args.nodes} nodes, "
              f"{slo.describe()}")
     markdown = (
@@ -295,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                             "capacity": [o.to_json() for o in found]}
     if args.offered_load is not None:
         nodes = capacity.nodes_grid(args.trace, args.routers, args.policies, args.offered_load,
-                                    slo, max_nodes=args.max_nodes, **common)
+                                    slo, max_nodes=args.max_nodes,
+                                    on_round=saver(out_dir, "nodes_needed"), **common)
         markdown += (
             f"\n## Nodes needed at {args.offered_load:g} single-node capacities\n\n"
             "The fewest nodes that meet the SLO on the trace built at that rate (each node's "

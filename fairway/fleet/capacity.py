@@ -306,9 +306,14 @@ class NodeSearch:
 Evaluate = Callable[[Sequence[Probe]], Sequence[FleetResult]]
 
 
+#: Called after each search round with the outcomes so far (a cell not done yet shows its
+#: bracket as it stands), e.g. to save them: a long search killed midway keeps its rounds.
+OnRound = Callable[[int, list["Outcome"]], object]
+
+
 def run_searches(searches: Sequence[tuple[Cell, LoadSearch | NodeSearch]],
                  probe_of: Callable[[Cell, float], Probe], evaluate: Evaluate,
-                 slo: SLO) -> list[Outcome]:
+                 slo: SLO, on_round: OnRound | None = None) -> list[Outcome]:
     """Advance every cell's search in rounds: each round replays one probe of every cell that is
     not done, together (`evaluate`), until none has a probe left."""
     records: list[list[ProbeRecord]] = [[] for _ in searches]
@@ -328,6 +333,9 @@ def run_searches(searches: Sequence[tuple[Cell, LoadSearch | NodeSearch]],
             verdict = check(result, slo)
             searches[i][1].record(x, verdict.meets)
             records[i].append(ProbeRecord(x, verdict, result.summary()))
+        if on_round is not None:
+            on_round(round_no, [s.outcome(c, list(records[i]))
+                                for i, (c, s) in enumerate(searches)])
     return [s.outcome(cell, records[i]) for i, (cell, s) in enumerate(searches)]
 
 
@@ -439,6 +447,7 @@ def capacity_grid(
     max_load: float = DEFAULT_MAX_LOAD, growth: float = DEFAULT_GROWTH, quick: bool = False,
     cache_dir: str | None = None, options: Mapping[str, Any] | None = None, workers: int = 2,
     ray: str | None = None, progress: bool = False, evaluate: Evaluate | None = None,
+    on_round: OnRound | None = None,
 ) -> list[Outcome]:
     """Each router x policy's capacity at `slo` on `num_nodes` nodes (module docstring).
 
@@ -454,6 +463,7 @@ def capacity_grid(
             max_num_batched_tokens size each node's memory once, `node_memory`).
         workers, ray, progress: as `fairway.replay.sweep.run_jobs`.
         evaluate: replays a round's probes (None: `FleetEvaluator`).
+        on_round: called after each round with the outcomes so far (`OnRound`).
 
     Returns:
         One `Outcome` per cell, routers outer, policies inner.
@@ -478,7 +488,7 @@ def capacity_grid(
     searches = [(c, LoadSearch(start_load, min_load, max_load, tolerance, growth))
                 for c in cells]
     return run_searches(searches, lambda c, x: Probe(c, num_nodes, num_nodes * x), evaluate,
-                        slo)
+                        slo, on_round)
 
 
 def capacity_at_slo(trace_spec: str, router: str, policy: str, num_nodes: int,
@@ -492,6 +502,7 @@ def nodes_grid(
     slo: SLO | None = None, *, max_nodes: int | None = None, quick: bool = False,
     cache_dir: str | None = None, options: Mapping[str, Any] | None = None, workers: int = 2,
     ray: str | None = None, progress: bool = False, evaluate: Evaluate | None = None,
+    on_round: OnRound | None = None,
 ) -> list[Outcome]:
     """Each router x policy's fewest nodes that meet `slo` at `offered_load` single-node
     capacities (module docstring): the trace is built once at that rate; each node's cache is
@@ -514,7 +525,8 @@ def nodes_grid(
         evaluate = FleetEvaluator(trace_spec, quick, cache_dir, dict(options or {}), workers,
                                   ray, progress)
     searches = [(c, NodeSearch(min(start, max_nodes), max_nodes)) for c in cells]
-    return run_searches(searches, lambda c, n: Probe(c, int(n), rate), evaluate, slo)
+    return run_searches(searches, lambda c, n: Probe(c, int(n), rate), evaluate, slo,
+                        on_round)
 
 
 def nodes_needed(trace_spec: str, router: str, policy: str, offered_load: float,

@@ -147,6 +147,17 @@ def test_cells_are_probed_together_one_probe_each_per_round():
             assert o.met <= b < o.missed
 
 
+def test_each_round_reports_the_outcomes_so_far():
+    seen = []
+    final = capacity_at_slo("s", "rr", "fcfs", 4, tolerance=0.1,
+                            evaluate=FakeFleet({("rr", "fcfs"): 1.3}),
+                            on_round=lambda n, found: seen.append((n, found[0])))
+    assert [n for n, _ in seen] == list(range(1, len(final.probes) + 1))
+    assert [len(o.probes) for _, o in seen] == [n for n, _ in seen]
+    assert seen[0][1].status == AT_LEAST and seen[0][1].value == 1.0  # after one round: >= 1
+    assert seen[-1][1].value == final.value and seen[-1][1].status == FOUND
+
+
 def test_a_cell_that_never_meets_the_slo_reports_no_number():
     fake = FakeFleet({("rr", "fcfs"): 0.01, ("rr", "fairway"): 1.5})
     got = capacity_grid("s", ["rr"], ["fcfs", "fairway"], 8, min_load=0.05, evaluate=fake)
