@@ -80,6 +80,8 @@ FAIRWAY_READS: tuple[str, ...] = (
     "vllm/v1/kv_offload/base.py",
     "vllm/v1/kv_offload/cpu/manager.py",
     "vllm/v1/kv_offload/cpu/shared_offload_region.py",
+    # the KV cache events a fleet replay's KV-aware routers read (event classes, publisher base)
+    "vllm/distributed/kv_events.py",
 )
 
 #: Modules `fairway/` imports from vLLM whose files are not diffed, with the reason (large files
