@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 from dataclasses import dataclass, field
@@ -189,3 +190,28 @@ def test_fairway_bench_on_a_fleet_writes_the_table(tmp_path, capsys):
     assert "| round-robin | fairway | 40 | 0 |" in (out / "fleet.md").read_text()
     assert len(list((out / "replays").glob("busy-N2--*--round-robin.json"))) == 2
     assert "busy-N2" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_a_fleet_on_ray_gives_the_same_replays_as_in_process(tmp_path):
+    """`fairway bench --nodes N --ray local` (issue 48's grid on Ray): the same request-by-request
+    results as the in-process run; only the wall times differ."""
+    trace = write_trace(busy_trace(30), tmp_path / "busy.jsonl")
+
+    def run(out, *where):
+        code = cli.main(["bench", "--trace", str(trace), "--nodes", "2", "--router",
+                         "vllm-cache-aware", "--policy", "fcfs", "--policy", "fairway",
+                         "--num-blocks", "300", "--out", str(out), "--no-progress", *where])
+        assert code == 0
+        found = {}
+        for path in sorted((out / "replays").glob("*.json")):
+            result = json.loads(path.read_text())
+            found[path.name] = (result["nodes"], sorted(
+                (r["request_id"], r["first_token_s"], r["tags"][NODE_TAG])
+                for r in result["replay"]["requests"]))
+        return found
+
+    in_process = run(tmp_path / "in-process", "--workers", "0")
+    on_ray = run(tmp_path / "ray", "--ray", "local")
+    assert len(in_process) == 2
+    assert on_ray == in_process
