@@ -293,6 +293,9 @@ COMMANDS: dict[str, Entry] = {
     "--server-cpus 0 --engine-cpus 1 --client-cpus 0 --serve-arg=--gpu-memory-utilization=0.15 "
     "--serve-arg=--dtype=float32 --out results/fidelity-mooncake":
         Entry("PARSE", "starts servers and replays live for about 45 minutes"),
+    ".venv/bin/python benchmarks/fleet_grid.py --quick --nodes 8 --out results/fleet-grid-quick-N8":
+        Entry("PARSE", "126 fleet replays of 8 nodes (about 27 minutes on 2 cores); "
+              "tests/integration/test_fleet_benchmarks.py runs a small grid"),
     ".venv/bin/python benchmarks/scheduler_overhead.py --policies fairway --sizes 1000 10000 "
     "--no-memory":
         Entry("PARSE", "minutes of engine steps at 1,000 and 10,000 waiting"),
