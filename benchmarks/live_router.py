@@ -2,7 +2,8 @@
 client (`vllm bench serve`).
 
     FAIRWAY_EXTRAS=router ./scripts/setup.sh        # once: the `router` extra (vllm-router)
-    .venv/bin/fairway tiny-model /tmp/tiny-router --max-len 8192 --dtype float32
+    .venv/bin/fairway tiny-model /tmp/tiny-router --max-len 8192 --hidden 256 --layers 2 \
+        --dtype float32
     .venv/bin/python benchmarks/live_router.py --serve /tmp/tiny-router --out results/live-router
 
 Where a request runs is the router's choice, in which order the requests that landed on a node

@@ -203,7 +203,8 @@ COMMANDS: dict[str, Entry] = {
     # docs/deployment.md, many prefill nodes behind vLLM's router (the `router` extra)
     "make setup FAIRWAY_EXTRAS=router":
         Entry("MAKE", "the set-up with the `router` extra (vllm-router)"),
-    ".venv/bin/fairway tiny-model /tmp/tiny-router --max-len 8192 --dtype float32":
+    ".venv/bin/fairway tiny-model /tmp/tiny-router --max-len 8192 --hidden 256 --layers 2 "
+    "--dtype float32":
         Entry("RUN", "writes a tiny model in seconds",
               (("/tmp/tiny-router", "{tmp}/tiny-router"),)),
     "PYTHONHASHSEED=0 VLLM_CPU_OMP_THREADS_BIND=0 .venv/bin/fairway serve /tmp/tiny-router "
