@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fairway.fleet.routing import NodeLoad
 from fairway.replay.sim_loop import EngineNode
 
 if TYPE_CHECKING:
-    from fairway.fleet.routing import NodeLoad
     from fairway.vllm.fleet_signals import KVEventSink
 
 
@@ -68,9 +68,10 @@ class FleetNode:
 
     def load(self) -> NodeLoad:
         """The node's load figures now (the end of its last step)."""
-        from fairway.vllm.fleet_signals import node_load
+        from fairway.vllm.fleet_signals import load_figures
 
-        return node_load(self.engine.scheduler, self.index, self.now)
+        return NodeLoad(node=self.index, published_s=self.now,
+                        **load_figures(self.engine.scheduler))
 
     def take_events(self) -> list[tuple[int, bool]]:
         """The KV events of the steps since the last call: (block key, stored) pairs."""

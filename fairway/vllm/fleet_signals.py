@@ -2,7 +2,7 @@
 
 A real router sees a node through `/metrics` (queue lengths, KV usage) and, for the KV-aware ones,
 through the node's KV events over ZMQ. The fleet replay (`fairway.fleet`) builds both from each
-node's engine at the end of each of its steps: `node_load` reads the figures (Fairway's exported
+node's engine at the end of each of its steps: `load_figures` reads the figures (Fairway's exported
 queue work among them), `KVEventSink` takes the events vLLM's scheduler publishes, and
 `block_keys` gives a request's blocks under the keys those events carry. Why here: these read
 vLLM's objects (through `fairway.vllm.internals`), which only `fairway/vllm` may.
@@ -10,11 +10,10 @@ vLLM's objects (through `fairway.vllm.internals`), which only `fairway/vllm` may
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, EventBatch, EventPublisher
 
-from fairway.fleet.routing import NodeLoad
 from fairway.vllm import internals
 
 if TYPE_CHECKING:
@@ -80,13 +79,24 @@ def block_keys(request: Request) -> tuple[int, ...]:
     return tuple(key(h) for h in request.block_hashes)
 
 
-def node_load(scheduler: FairwayScheduler, node: int, now: float) -> NodeLoad:
-    """The node's load figures at `now`, as its `/metrics` would show them then."""
+class LoadFigures(TypedDict):
+    """`fairway.fleet.routing.NodeLoad`'s engine figures (its docstring says what each is)."""
+
+    waiting_requests: int
+    running_requests: int
+    kv_usage: float
+    active_blocks: int
+    queued_uncached_tokens: int
+    total_blocks: int
+
+
+def load_figures(scheduler: FairwayScheduler) -> LoadFigures:
+    """The node's load figures now, as its `/metrics` would show them: the fields of
+    `fairway.fleet.routing.NodeLoad` but the node's index and the time, which the fleet adds
+    (this package sits below `fairway.fleet` and does not import it)."""
     running, waiting = scheduler.get_request_counts()
     usable = internals.usable_blocks(scheduler)
-    return NodeLoad(
-        node=node,
-        published_s=now,
+    return LoadFigures(
         waiting_requests=waiting,
         running_requests=running,
         kv_usage=internals.kv_usage(scheduler),
